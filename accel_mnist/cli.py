@@ -1,0 +1,93 @@
+"""Command line: `accel-mnist train [flags]`, also as `python -m accel_mnist` and under
+`accelerate launch -m accel_mnist`.
+
+Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, fields
+from typing import Any, Sequence, get_type_hints
+
+from .config import TrainConfig, coerce, load_config_file
+from .errors import UsageError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse prints the whole usage first; one line that says what is wrong is kinder.
+        print(f"error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field, so that the CLI can never drift from the config."""
+    hints = get_type_hints(TrainConfig)
+    group = parser.add_argument_group("training config (flags override --config)")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = None if f.default is MISSING else f.default
+        help_text = f"{f.metadata.get('help', '')} (default: {default})"
+        if hints[f.name] is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)  # fmt: skip
+        else:
+            group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
+                               help=help_text)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="accel-mnist", description="Train MNIST-class models with Accelerate and DeepSpeed.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser("train", help="train and evaluate a model")
+    train.add_argument("--config", help="YAML or JSON file of training-config keys")
+    train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _add_config_flags(train)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The config file's values, then the flags given on the command line on top."""
+    values: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    source = args.config or "config"
+    hints = get_type_hints(TrainConfig)
+    for f in fields(TrainConfig):
+        if f.name in vars(args):
+            values[f.name] = coerce("--" + f.name.replace("_", "-"), getattr(args, f.name), hints[f.name])
+    return TrainConfig.from_dict(values, source=source)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .loop import train  # deferred: argument errors should not wait for torch and accelerate
+
+    config = config_from_args(args)
+    train(config)
+    return 0
+
+
+COMMANDS = {"train": _train}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `accel-mnist` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

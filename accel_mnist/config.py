@@ -1,0 +1,179 @@
+"""The one typed training config: defaults, validation, and loading from files and flags.
+
+The parallel strategy (DDP, ZeRO stage, offload, mixed precision) is deliberately absent:
+it comes only from the accelerate config, so the same TrainConfig runs everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from .errors import ConfigError
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
+SCHEDULERS = ("none", "onecycle", "cosine", "step")
+DATASET_NAMES = ("mnist", "fashion_mnist", "kmnist")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs except the parallel strategy."""
+
+    model: str = field(default="cnn", metadata={"help": "linear, mlp, cnn or lenet5"})
+    dataset: str = field(default="mnist", metadata={"help": "mnist, fashion_mnist or kmnist"})
+    data_dir: str | None = field(
+        default=None, metadata={"help": "IDX files; default $ACCEL_MNIST_DATA_DIR, else ./data"}
+    )
+    download: bool = field(default=True, metadata={"help": "download with torchvision if missing"})
+    epochs: int = field(default=1, metadata={"help": "passes over the training set"})
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop after this many optimizer steps (overrides epochs)"}
+    )
+    batch_size: int = field(default=64, metadata={"help": "training batch size per process"})
+    eval_batch_size: int = field(default=1000, metadata={"help": "evaluation batch size per process"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    optimizer: str = field(default="adam", metadata={"help": ", ".join(OPTIMIZERS)})
+    momentum: float = field(default=0.9, metadata={"help": "momentum for sgd"})
+    weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
+    scheduler: str = field(default="none", metadata={"help": ", ".join(SCHEDULERS)})
+    step_gamma: float = field(default=0.7, metadata={"help": "lr factor per epoch for 'step'"})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    max_grad_norm: float | None = field(
+        default=None, metadata={"help": "clip gradients to this norm (none: no clipping)"}
+    )
+    seed: int = field(default=42, metadata={"help": "seed for weights and data order"})
+    eval_every: int = field(
+        default=0, metadata={"help": "evaluate every N optimizer steps (0: at each epoch end)"}
+    )
+    log_every: int = field(default=50, metadata={"help": "progress-bar refresh, in optimizer steps"})
+    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
+    output_dir: str = field(default="outputs/run", metadata={"help": "where results are written"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace the results of a finished run in output_dir"}
+    )
+    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first key whose value cannot work."""
+        from .models import MODELS  # deferred: keeps `--help` free of the torch import
+
+        _choice("model", self.model, tuple(MODELS))
+        _choice("dataset", self.dataset, DATASET_NAMES)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("scheduler", self.scheduler, SCHEDULERS)
+        for key in ("epochs", "batch_size", "eval_batch_size", "grad_accum", "log_every"):
+            _at_least(key, getattr(self, key), 1)
+        for key in ("eval_every", "num_workers"):
+            _at_least(key, getattr(self, key), 0)
+        if self.max_steps is not None:
+            _at_least("max_steps", self.max_steps, 1)
+        if not self.lr > 0:
+            raise ConfigError(f"lr: must be > 0, got {self.lr}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ConfigError(f"max_grad_norm: must be > 0 (or null for no clipping), got {self.max_grad_norm}")
+        for key in ("weight_decay", "momentum"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        if not 0 < self.step_gamma <= 1:
+            raise ConfigError(f"step_gamma: must be in (0, 1], got {self.step_gamma}")
+        if not self.output_dir:
+            raise ConfigError("output_dir: must not be empty")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
+        """Build from a mapping, rejecting unknown keys and values of the wrong type."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: expected a mapping of keys to values, got {type(values).__name__}")
+        hints = get_type_hints(cls)
+        known = {f.name for f in fields(cls)}
+        kwargs = {}
+        for key, value in values.items():
+            name = str(key).replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"{source}: unknown key '{key}' (valid keys: {', '.join(sorted(known))})")
+            kwargs[name] = coerce(name, value, hints[name])
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a plain dict (keys are checked later)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    import yaml
+
+    try:
+        text = path.read_text()
+        # safe_load: a config file from elsewhere must never construct Python objects.
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError, UnicodeDecodeError) as e:
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise ConfigError(f"{path}: not valid {kind}: {_first_line(e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def coerce(name: str, value: Any, hint: Any) -> Any:
+    """Convert `value` (from YAML, JSON or a command-line string) to the field's type."""
+    origin, args = get_origin(hint), get_args(hint)
+    optional = origin in (Union, types.UnionType) and type(None) in args
+    base = next(a for a in args if a is not type(None)) if optional else hint
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{name}: must not be null")
+    try:
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+                return value.lower() in ("true", "1", "yes", "on")
+            raise ValueError
+        if base is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if base is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if base is str:
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    raise ConfigError(f"{name}: expected {base.__name__}, got {value!r}")
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: '{value}' is not one of {', '.join(choices)}")
+
+
+def _at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key}: must be >= {low}, got {value}")
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

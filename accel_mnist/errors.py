@@ -1,0 +1,17 @@
+"""Errors that mean "the user asked for something that cannot work".
+
+The CLI turns every `UsageError` into one `error: ...` line on stderr and exit code 2;
+anything else is a bug and keeps its traceback.
+"""
+
+
+class UsageError(Exception):
+    """Bad input from the user: a flag, a config value, a data file, a path."""
+
+
+class ConfigError(UsageError, ValueError):
+    """A config key or value is unknown or out of range."""
+
+
+class DataError(UsageError):
+    """A dataset file is missing, truncated or not what its name says."""

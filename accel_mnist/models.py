@@ -1,0 +1,102 @@
+"""Models for 28x28 grayscale, 10-class images: (N, 1, 28, 28) floats -> (N, 10) logits.
+
+Any user `nn.Module` with that contract works with `train(config, model=...)`; the registry
+only names the built-in ones so that configs and exported models can refer to them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ConfigError
+
+
+class Linear(nn.Module):
+    """The seed's model: one affine map from 784 pixels to 10 logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(28 * 28, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(x, 1))
+
+
+class MLP(nn.Module):
+    """Fully connected net; `hidden` sets the width of each hidden layer."""
+
+    def __init__(self, hidden: tuple[int, ...] = (512, 256), dropout: float = 0.1) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = 28 * 28
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)]
+            width = h
+        layers.append(nn.Linear(width, 10))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.flatten(x, 1))
+
+
+class CNN(nn.Module):
+    """The network of pytorch/examples mnist/main.py (two convs, dropout, two linears)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return self.fc2(x)
+
+
+class LeNet5(nn.Module):
+    """LeCun et al. 1998, with ReLU and max-pooling; padding keeps 28x28 inputs at 32x32's geometry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        )  # fmt: skip
+        self.classifier = nn.Sequential(
+            nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, 10),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "linear": Linear,
+    "mlp": MLP,
+    "cnn": CNN,
+    "lenet5": LeNet5,
+}
+
+
+def build_model(name: str) -> nn.Module:
+    """A freshly initialised model from the registry."""
+    try:
+        return MODELS[name]()
+    except KeyError:
+        raise ConfigError(f"model: '{name}' is not one of {', '.join(MODELS)}") from None
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,62 @@
+"""What a run writes: the resolved config, metrics.jsonl and results.json (main process only)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from .config import TrainConfig
+from .errors import UsageError
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+RESULTS_FILE = "results.json"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunOutputs:
+    """The output directory of one run; every write happens on the main process alone."""
+
+    def __init__(self, accelerator: Accelerator, config: TrainConfig) -> None:
+        self.accelerator = accelerator
+        self.dir = Path(config.output_dir)
+        results = self.dir / RESULTS_FILE
+        if results.exists() and not config.overwrite:
+            # Checked on every rank, so that all of them stop rather than some waiting forever.
+            raise UsageError(
+                f"{self.dir} already holds a finished run ({RESULTS_FILE}); "
+                "pass --overwrite to replace it or choose another --output-dir"
+            )
+        if accelerator.is_main_process:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UsageError(f"cannot create output directory {self.dir}: {e.strerror}") from None
+            write_json_atomic(self.dir / CONFIG_FILE, config.to_dict())
+            (self.dir / METRICS_FILE).write_text("")
+            results.unlink(missing_ok=True)
+        accelerator.wait_for_everyone()
+
+    def log_metrics(self, row: dict[str, Any]) -> None:
+        """Append one evaluation's metrics as a JSON line."""
+        if self.accelerator.is_main_process:
+            with open(self.dir / METRICS_FILE, "a") as f:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def write_results(self, results: dict[str, Any]) -> None:
+        if self.accelerator.is_main_process:
+            write_json_atomic(self.dir / RESULTS_FILE, results)

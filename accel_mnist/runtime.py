@@ -1,0 +1,105 @@
+"""Build the Accelerator from the accelerate config, and describe what it chose.
+
+This is the one place that knows about strategies: it reconciles the accelerate config
+(DDP or DeepSpeed, ZeRO stage, offload, mixed precision) with the TrainConfig (batch size,
+accumulation, clipping), so that the training loop never has to ask which strategy runs.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
+
+from .config import TrainConfig
+from .errors import UsageError
+
+logger = get_logger(__name__)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
+    """An Accelerator for `config`, with the strategy taken from the accelerate config/env."""
+    use_deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
+    handlers = list(kwargs.pop("kwargs_handlers", []))
+    if use_deepspeed and _env_flag("ACCELERATE_USE_CPU"):
+        # Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.
+        raise UsageError(
+            "DeepSpeed was requested together with --cpu/use_cpu, and Accelerate would silently drop "
+            "DeepSpeed; leave out --cpu (DeepSpeed runs on CPU when no GPU is present)"
+        )
+    if use_deepspeed and not torch.cuda.is_available():
+        # Without a GPU Accelerate picks no process-group backend, believes the world size is 1,
+        # and DeepSpeed's batch-size check fails; gloo gives both the real world size.
+        handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
+    accelerator = Accelerator(
+        # An explicit plugin: the launcher's ACCELERATE_GRADIENT_ACCUMULATION_STEPS would
+        # otherwise silently replace config.grad_accum.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=config.grad_accum),
+        # Our schedules count optimizer steps on one process; Accelerate's default would step
+        # them num_processes times per step under DDP but once under DeepSpeed.
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=handlers,
+        **kwargs,
+    )
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise UsageError(
+            "mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)"
+        )
+    _align_deepspeed(accelerator, config)
+    return accelerator
+
+
+_TRAIN_CONFIG_KEYS = ("gradient_accumulation_steps", "gradient_clipping")
+
+
+def _align_deepspeed(accelerator: Accelerator, config: TrainConfig) -> None:
+    """Make DeepSpeed's batch, accumulation and clipping settings those of the TrainConfig."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    wanted = {
+        "train_micro_batch_size_per_gpu": config.batch_size,
+        "gradient_accumulation_steps": config.grad_accum,
+        "train_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
+        # DeepSpeed clips inside engine.step(); 0 turns its clipping off.
+        "gradient_clipping": config.max_grad_norm or 0.0,
+    }
+    for key, value in wanted.items():
+        old = ds.get(key, "auto")
+        # Accumulation and clipping belong to the TrainConfig; say so when the accelerate
+        # config asked for something else (1 is the wizard's default for accumulation).
+        if key in _TRAIN_CONFIG_KEYS and old not in ("auto", "none", None, 1, value):
+            logger.warning(f"DeepSpeed config sets {key}={old}; using the training config's {value}")
+        ds[key] = value
+    # Accelerate keeps its own copy of the accumulation steps and checks it against DeepSpeed's.
+    plugin.gradient_accumulation_steps = config.grad_accum
+
+
+def describe(accelerator: Accelerator) -> dict[str, Any]:
+    """What the accelerate config resolved to, for results.json and the log."""
+    plugin = accelerator.state.deepspeed_plugin
+    offload = {}
+    if plugin is not None:
+        zero = plugin.deepspeed_config.get("zero_optimization", {})
+        offload = {
+            "offload_optimizer": zero.get("offload_optimizer", {}).get("device", "none"),
+            "offload_param": zero.get("offload_param", {}).get("device", "none"),
+        }
+    return {
+        "distributed_type": accelerator.distributed_type.value,
+        "num_processes": accelerator.num_processes,
+        "zero_stage": int(plugin.zero_stage) if plugin is not None else 0,
+        "mixed_precision": accelerator.mixed_precision,
+        "device": accelerator.device.type,
+        **offload,
+    }

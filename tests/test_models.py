@@ -1,0 +1,31 @@
+"""The model registry: every model maps (N, 1, 28, 28) to (N, 10) and trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel_mnist.errors import ConfigError
+from accel_mnist.models import MODELS, build_model, num_parameters
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_shapes_and_gradients(name):
+    torch.manual_seed(0)
+    model = build_model(name)
+    x = torch.randn(5, 1, 28, 28)
+    logits = model(x)
+    assert logits.shape == (5, 10) and logits.dtype == torch.float32
+    logits.logsumexp(1).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_known_sizes():
+    # The seed's linear model and the pytorch/examples CNN have well-known parameter counts.
+    assert num_parameters(build_model("linear")) == 784 * 10 + 10
+    assert num_parameters(build_model("cnn")) == 1_199_882
+
+
+def test_unknown_model():
+    with pytest.raises(ConfigError, match="model: 'vit' is not one of"):
+        build_model("vit")
