@@ -70,10 +70,10 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
         # .item() waits for the device, so the clock stops when the queued steps are done.
         train_loss = accelerator.reduce(loss_sum, "sum").item() / max(loss_count * accelerator.num_processes, 1)
         train_seconds += time.perf_counter() - tick
-        test_loss, test_accuracy, _ = evaluate(model, test_loader, accelerator, input_dtype)
+        test_loss, test_accuracy, test_samples = evaluate(model, test_loader, accelerator, input_dtype)
         metrics = {
             "epoch": round(epoch, 4), "step": step, "train_loss": train_loss, "test_loss": test_loss,
-            "test_accuracy": test_accuracy, "lr": scheduler.get_last_lr()[0],
+            "test_accuracy": test_accuracy, "test_samples": test_samples, "lr": scheduler.get_last_lr()[0],
             "samples_per_second": samples * accelerator.num_processes / max(train_seconds, 1e-9),
         }  # fmt: skip
         outputs.log_metrics(metrics)

@@ -36,10 +36,14 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
             "DeepSpeed was requested together with --cpu/use_cpu, and Accelerate would silently drop "
             "DeepSpeed; leave out --cpu (DeepSpeed runs on CPU when no GPU is present)"
         )
-    if use_deepspeed and not torch.cuda.is_available():
-        # Without a GPU Accelerate picks no process-group backend, believes the world size is 1,
-        # and DeepSpeed's batch-size check fails; gloo gives both the real world size.
-        handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
+    if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Started by torchrun on a machine without a GPU, Accelerate would pick no process-group
+        # backend and run each process as its own world of one: every rank would train on all
+        # the data (and DeepSpeed's batch-size check fails). Join them in one gloo group instead.
+        if use_deepspeed:
+            handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
+        else:
+            kwargs.setdefault("cpu", True)
     accelerator = Accelerator(
         # An explicit plugin: the launcher's ACCELERATE_GRADIENT_ACCUMULATION_STEPS would
         # otherwise silently replace config.grad_accum.

@@ -36,3 +36,28 @@ def _write_idx(path, array, *, gz: bool = False, code: int = 0x08, tail: bytes =
 def write_idx():
     """Returns write_idx(path, array, *, gz=False, code=0x08, tail=b"", cut=0) -> Path."""
     return _write_idx
+
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "accelerate_configs"
+
+
+def accelerate_launch(launch_args, train_args, output_dir, *, env=None, timeout=600):
+    """Run `accelerate launch <launch_args> -m accel_mnist train <train_args>` in a subprocess.
+
+    Returns (CompletedProcess, results dict or None). On CPU the DeepSpeed configs need
+    `--mixed_precision no` among launch_args (fp16 does not run on CPU).
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", *launch_args, "-m", "accel_mnist", "train",
+           *train_args, "--output-dir", str(output_dir), "--quiet"]  # fmt: skip
+    full_env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+    results_file = Path(output_dir) / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else None
+    return proc, results
