@@ -25,7 +25,9 @@ class TrainConfig:
     """Everything a training run needs except the parallel strategy."""
 
     model: str = field(default="cnn", metadata={"help": "linear, mlp, cnn or lenet5"})
-    dataset: str = field(default="mnist", metadata={"help": "mnist, fashion_mnist or kmnist"})
+    dataset: str = field(
+        default="mnist", metadata={"help": "mnist, fashion_mnist, kmnist, or hf:NAME_OR_PATH (Hugging Face datasets)"}
+    )
     data_dir: str | None = field(
         default=None, metadata={"help": "IDX files; default $ACCEL_MNIST_DATA_DIR, else ./data"}
     )
@@ -66,7 +68,8 @@ class TrainConfig:
         from .models import MODELS  # deferred: keeps `--help` free of the torch import
 
         _choice("model", self.model, tuple(MODELS))
-        _choice("dataset", self.dataset, DATASET_NAMES)
+        if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
+            _choice("dataset", self.dataset, DATASET_NAMES + ("hf:NAME_OR_PATH",))
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("scheduler", self.scheduler, SCHEDULERS)
         for key in ("epochs", "batch_size", "eval_batch_size", "grad_accum", "log_every"):

@@ -63,19 +63,22 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     loss_sum = torch.zeros((), device=accelerator.device)
     loss_count = 0
     metrics: dict[str, Any] = {}
+    confusion_matrix: list[list[int]] = []
 
     def run_eval(epoch: float, tick: float) -> None:
         """Evaluate, log a metrics row, and stop the training clock that started at `tick`."""
-        nonlocal loss_sum, loss_count, metrics, train_seconds
+        nonlocal loss_sum, loss_count, metrics, train_seconds, confusion_matrix
         # .item() waits for the device, so the clock stops when the queued steps are done.
         train_loss = accelerator.reduce(loss_sum, "sum").item() / max(loss_count * accelerator.num_processes, 1)
         train_seconds += time.perf_counter() - tick
-        test_loss, test_accuracy, test_samples = evaluate(model, test_loader, accelerator, input_dtype)
+        evaluation = evaluate(model, test_loader, accelerator, input_dtype)
+        confusion_matrix = evaluation.pop("confusion_matrix")
         metrics = {
-            "epoch": round(epoch, 4), "step": step, "train_loss": train_loss, "test_loss": test_loss,
-            "test_accuracy": test_accuracy, "test_samples": test_samples, "lr": scheduler.get_last_lr()[0],
+            "epoch": round(epoch, 4), "step": step, "train_loss": train_loss, **evaluation,
+            "lr": scheduler.get_last_lr()[0],
             "samples_per_second": samples * accelerator.num_processes / max(train_seconds, 1e-9),
         }  # fmt: skip
+        test_loss, test_accuracy = evaluation["test_loss"], evaluation["test_accuracy"]
         outputs.log_metrics(metrics)
         if accelerator.is_main_process and not config.quiet:
             tqdm.write(
@@ -130,6 +133,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
         "num_parameters": n_params,
         "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
         **describe(accelerator),
+        "confusion_matrix": confusion_matrix,
         "versions": versions(),
     }
     results.pop("epoch", None)
@@ -143,8 +147,9 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
 @torch.no_grad()
 def evaluate(
     model: nn.Module, loader: Any, accelerator: Accelerator, input_dtype: torch.dtype = torch.float32
-) -> tuple[float, float, int]:
-    """Mean loss, accuracy and the number of images counted, over the whole test set.
+) -> dict[str, Any]:
+    """test_loss, test_accuracy, test_samples and a 10x10 confusion matrix (rows: true class),
+    over the whole test set.
 
     `gather_for_metrics` drops the samples that even sharding duplicated, so exactly the
     dataset's images are counted at any world size.
@@ -152,13 +157,18 @@ def evaluate(
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)
-    correct = torch.zeros((), device=accelerator.device, dtype=torch.int64)
-    count = 0
+    confusion = torch.zeros(100, device=accelerator.device, dtype=torch.int64)
     for inputs, labels in loader:
         logits = model(inputs.to(input_dtype)).float()
         logits, labels = accelerator.gather_for_metrics((logits, labels))
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").double()
-        correct += (logits.argmax(dim=1) == labels).sum()
-        count += labels.numel()
+        confusion += torch.bincount(labels * 10 + logits.argmax(dim=1), minlength=100)
     model.train(was_training)
-    return loss_sum.item() / count, correct.item() / count, count
+    confusion_matrix = confusion.view(10, 10).cpu()
+    count = int(confusion_matrix.sum())
+    return {
+        "test_loss": loss_sum.item() / count,
+        "test_accuracy": confusion_matrix.diagonal().sum().item() / count,
+        "test_samples": count,
+        "confusion_matrix": confusion_matrix.tolist(),
+    }
