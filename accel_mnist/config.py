@@ -18,6 +18,9 @@ from .errors import ConfigError
 OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
 DATASET_NAMES = ("mnist", "fashion_mnist", "kmnist")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+TRACKERS = ("none", "tensorboard", "wandb", "mlflow", "all")
+DATA_LOADERS = ("auto", "device", "torch")
 
 
 @dataclass
@@ -59,6 +62,25 @@ class TrainConfig:
         default=False, metadata={"help": "replace the results of a finished run in output_dir"}
     )
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+    report_to: str = field(
+        default="none", metadata={"help": "experiment tracker: tensorboard, wandb, mlflow, all or none"}
+    )
+    data_loader: str = field(
+        default="auto", metadata={"help": "auto (whole dataset on the device), device, or torch (DataLoader)"}
+    )
+    checkpoint_every: int = field(
+        default=0, metadata={"help": "also checkpoint every N optimizer steps (0: only at epoch ends)"}
+    )
+    save_checkpoints: bool = field(default=True, metadata={"help": "write checkpoints at all"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
+    resume_from: str | None = field(
+        default=None, metadata={"help": "'latest' (in output_dir) or a checkpoint folder"}
+    )
+    max_nonfinite: int = field(
+        default=10, metadata={"help": "stop after this many optimizer steps in a row with a non-finite loss"}
+    )
+    export: bool = field(default=True, metadata={"help": "write model.safetensors at the end"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,7 +96,12 @@ class TrainConfig:
         _choice("scheduler", self.scheduler, SCHEDULERS)
         for key in ("epochs", "batch_size", "eval_batch_size", "grad_accum", "log_every"):
             _at_least(key, getattr(self, key), 1)
-        for key in ("eval_every", "num_workers"):
+        _choice("log_level", self.log_level, LOG_LEVELS)
+        _choice("report_to", self.report_to, TRACKERS)
+        _choice("data_loader", self.data_loader, DATA_LOADERS)
+        _at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        _at_least("max_nonfinite", self.max_nonfinite, 1)
+        for key in ("eval_every", "num_workers", "checkpoint_every"):
             _at_least(key, getattr(self, key), 0)
         if self.max_steps is not None:
             _at_least("max_steps", self.max_steps, 1)

@@ -9,18 +9,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import load_datasets
-from .loaders import build_dataloaders, batches_per_process
+from .errors import UsageError
+from .loaders import batches_per_process, build_dataloaders
 from .models import build_model, num_parameters
 from .optim import build_optimizer, build_scheduler
 from .outputs import RunOutputs
 from .runtime import build_accelerator, describe
 from .versions import versions
+
+logger = get_logger(__name__)
 
 
 def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]:
@@ -31,67 +36,95 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     """
     start = time.perf_counter()
     accelerator = build_accelerator(config)
-    outputs = RunOutputs(accelerator, config)
+    strategy = describe(accelerator)
+    resume = ckpt.resolve_checkpoint(config.resume_from, config.output_dir) if config.resume_from else None
+    state = ckpt.read_state(resume) if resume else ckpt.TrainState()
+    if resume:
+        ckpt.check_compatible(state, strategy, config.to_dict(), resume)
+    state.strategy, state.config = strategy, config.to_dict()
+    outputs = RunOutputs(accelerator, config, resume_step=state.step if resume else None)
+    if config.report_to != "none":
+        hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
+        accelerator.init_trackers("accel_mnist", config=hparams)
+
     set_seed(config.seed)
     with accelerator.main_process_first():  # the main process downloads, the others then read
         train_set, test_set = load_datasets(config.dataset, config.data_dir, download=config.download)
     model_name = config.model if model is None else type(model).__name__
     model = build_model(config.model) if model is None else model
     n_params = num_parameters(model)
-    train_loader, test_loader = build_dataloaders(train_set, test_set, config)
-
+    train_loader, test_loader, generator = build_dataloaders(train_set, test_set, config)
     batches = batches_per_process(len(train_set), config.batch_size, accelerator.num_processes)
     steps_per_epoch = math.ceil(batches / config.grad_accum)
-    total_steps = steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        total_steps = min(total_steps, config.max_steps)
+    total_steps = min(steps_per_epoch * config.epochs, config.max_steps or math.inf)
+    if resume and state.step >= total_steps:
+        raise UsageError(
+            f"{resume} is already at step {state.step} of {total_steps}; raise --epochs or --max-steps to train on"
+        )
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch)
     model, optimizer, train_loader, test_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, test_loader, scheduler
     )
-    assert len(train_loader) == batches, (len(train_loader), batches)
+    if resume:
+        ckpt.load_checkpoint(accelerator, resume)
+        accelerator.print(f"resumed from {resume} at step {state.step}")
     # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
     # match; elsewhere they stay fp32 and autocast (if any) does the casting.
     input_dtype = next(model.parameters()).dtype
-
-    bar = tqdm(
-        total=total_steps, unit="step", dynamic_ncols=True,
-        disable=True if config.quiet or not accelerator.is_main_process else None,
-    )  # fmt: skip
-    step, samples, train_seconds = 0, 0, 0.0
-    loss_sum = torch.zeros((), device=accelerator.device)
-    loss_count = 0
+    rank = accelerator.process_index
+    loss_sum = torch.tensor(state.loss_sums[rank] if state.loss_sums else 0.0, device=accelerator.device)
+    nonfinite_run = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     metrics: dict[str, Any] = {}
     confusion_matrix: list[list[int]] = []
+    bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True,
+               disable=True if config.quiet or not accelerator.is_main_process else None)  # fmt: skip
 
-    def run_eval(epoch: float, tick: float) -> None:
-        """Evaluate, log a metrics row, and stop the training clock that started at `tick`."""
-        nonlocal loss_sum, loss_count, metrics, train_seconds, confusion_matrix
-        # .item() waits for the device, so the clock stops when the queued steps are done.
-        train_loss = accelerator.reduce(loss_sum, "sum").item() / max(loss_count * accelerator.num_processes, 1)
-        train_seconds += time.perf_counter() - tick
+    def check_finite() -> None:
+        if nonfinite_run.item() >= config.max_nonfinite:
+            raise NonFiniteLossError(
+                f"loss was not finite for {config.max_nonfinite} optimizer steps in a row (at step "
+                f"{state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(config.output_dir)}"
+            )
+
+    def run_eval() -> None:
+        nonlocal loss_sum, metrics, confusion_matrix
         evaluation = evaluate(model, test_loader, accelerator, input_dtype)
         confusion_matrix = evaluation.pop("confusion_matrix")
+        train_loss = accelerator.reduce(loss_sum, "sum").item() / max(state.loss_count * accelerator.num_processes, 1)
         metrics = {
-            "epoch": round(epoch, 4), "step": step, "train_loss": train_loss, **evaluation,
-            "lr": scheduler.get_last_lr()[0],
-            "samples_per_second": samples * accelerator.num_processes / max(train_seconds, 1e-9),
+            "epoch": round(state.step / steps_per_epoch, 4), "step": state.step, "train_loss": train_loss,
+            **evaluation, "lr": scheduler.get_last_lr()[0],
+            "samples_per_second": state.samples * accelerator.num_processes / max(state.train_seconds, 1e-9),
         }  # fmt: skip
-        test_loss, test_accuracy = evaluation["test_loss"], evaluation["test_accuracy"]
         outputs.log_metrics(metrics)
-        if accelerator.is_main_process and not config.quiet:
-            tqdm.write(
-                f"epoch {epoch:.2f} step {step}: train_loss {train_loss:.4f} "
-                f"test_loss {test_loss:.4f} test_accuracy {test_accuracy:.4f}"
+        accelerator.log(metrics, step=state.step)
+        if not config.quiet:
+            accelerator.print(
+                f"epoch {metrics['epoch']:.2f} step {state.step}: train_loss {train_loss:.4f} "
+                f"test_loss {metrics['test_loss']:.4f} test_accuracy {metrics['test_accuracy']:.4f}"
             )
-        loss_sum, loss_count = torch.zeros((), device=accelerator.device), 0
+        loss_sum, state.loss_count = torch.zeros_like(loss_sum), 0
+
+    def save() -> None:
+        check_finite()  # never publish weights that a non-finite loss has already spoilt
+        state.loss_sums = accelerator.gather(loss_sum.reshape(1)).tolist()
+        ckpt.save_checkpoint(accelerator, config.output_dir, state, config.keep_checkpoints)
+
+    def pause_clock(tick: float, then: Any) -> float:
+        """Stop the training clock around evaluation and checkpointing, which it must not count."""
+        loss_sum.item()  # waits for the device, so the clock sees the queued steps finish
+        state.train_seconds += time.perf_counter() - tick
+        then()
+        return time.perf_counter()
 
     model.train()
-    done = False
-    for epoch in range(config.epochs):
+    while state.step < total_steps:
+        generator.manual_seed(config.seed + state.epoch)  # the epoch's order: seed and epoch alone
+        skip = state.batches_in_epoch
+        loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
         tick = time.perf_counter()
-        for inputs, labels in train_loader:
+        for inputs, labels in loader:
             with accelerator.accumulate(model):
                 logits = model(inputs.to(input_dtype))
                 loss = F.cross_entropy(logits.float(), labels)
@@ -101,55 +134,66 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
                 optimizer.step()
                 optimizer.zero_grad()
             loss_sum += loss.detach()
-            loss_count += 1
-            samples += labels.shape[0]
+            state.loss_count += 1
+            state.batches_in_epoch += 1
+            state.samples += labels.shape[0]
             if not accelerator.sync_gradients:
                 continue
             scheduler.step()
-            step += 1
+            state.step += 1
+            state.skipped_steps += int(optimizer.step_was_skipped)
+            nonfinite_run = torch.where(torch.isfinite(loss.detach()), 0, nonfinite_run + 1)
             bar.update(1)
-            if step % config.log_every == 0 and not bar.disable:
-                bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-            done = step >= total_steps
-            if done or (config.eval_every and step % config.eval_every == 0):
-                run_eval(step / steps_per_epoch, tick)
-                tick = time.perf_counter()
-            if done:
+            if state.step % config.log_every == 0:
+                check_finite()
+                if not bar.disable:
+                    bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+            end_of_epoch = state.batches_in_epoch == batches
+            if end_of_epoch:
+                state.epoch, state.batches_in_epoch = state.epoch + 1, 0
+            finished = state.step >= total_steps
+            if finished or end_of_epoch or _every(state.step, config.eval_every):
+                tick = pause_clock(tick, run_eval)
+            if config.save_checkpoints and (finished or end_of_epoch or _every(state.step, config.checkpoint_every)):
+                tick = pause_clock(tick, save)
+            if finished:
                 break
-        if done:
-            break
-        if not (config.eval_every and step % config.eval_every == 0):
-            run_eval(step / steps_per_epoch, tick)
     bar.close()
+    if config.export:
+        from .export import full_state_dict, save_exported
+
+        weights = full_state_dict(accelerator, model)  # all ranks: ZeRO-3 gathers the shards
+        if accelerator.is_main_process:
+            save_exported(weights, outputs.dir, model_name=model_name, dataset=config.dataset)
 
     results = {
-        **metrics,
-        "epochs": round(step / steps_per_epoch, 4),
-        "steps": step,
-        "train_seconds": train_seconds,
-        "wall_seconds": time.perf_counter() - start,
-        "model": model_name,
-        "dataset": config.dataset,
+        **{k: v for k, v in metrics.items() if k not in ("epoch", "step")},
+        "epochs": round(state.step / steps_per_epoch, 4), "steps": state.step,
+        "train_seconds": state.train_seconds, "wall_seconds": time.perf_counter() - start,
+        "skipped_steps": state.skipped_steps, "model": model_name, "dataset": config.dataset,
         "num_parameters": n_params,
         "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
-        **describe(accelerator),
-        "confusion_matrix": confusion_matrix,
-        "versions": versions(),
-    }
-    results.pop("epoch", None)
-    results.pop("step", None)
+        **strategy, "confusion_matrix": confusion_matrix, "versions": versions(),
+    }  # fmt: skip
     outputs.write_results(results)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
 
 
+def _every(step: int, n: int) -> bool:
+    return n > 0 and step % n == 0
+
+
+class NonFiniteLossError(UsageError):
+    """Training diverged: the loss stayed NaN/inf for --max-nonfinite steps."""
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, loader: Any, accelerator: Accelerator, input_dtype: torch.dtype = torch.float32
 ) -> dict[str, Any]:
-    """test_loss, test_accuracy, test_samples and a 10x10 confusion matrix (rows: true class),
-    over the whole test set.
+    """test_loss, test_accuracy, test_samples and a 10x10 confusion matrix (rows: true class).
 
     `gather_for_metrics` drops the samples that even sharding duplicated, so exactly the
     dataset's images are counted at any world size.

@@ -31,11 +31,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
 class RunOutputs:
     """The output directory of one run; every write happens on the main process alone."""
 
-    def __init__(self, accelerator: Accelerator, config: TrainConfig) -> None:
+    def __init__(self, accelerator: Accelerator, config: TrainConfig, resume_step: int | None = None) -> None:
+        """Prepare the directory; `resume_step` keeps the metrics rows up to that step."""
         self.accelerator = accelerator
         self.dir = Path(config.output_dir)
         results = self.dir / RESULTS_FILE
-        if results.exists() and not config.overwrite:
+        if results.exists() and not config.overwrite and resume_step is None:
             # Checked on every rank, so that all of them stop rather than some waiting forever.
             raise UsageError(
                 f"{self.dir} already holds a finished run ({RESULTS_FILE}); "
@@ -47,9 +48,22 @@ class RunOutputs:
             except OSError as e:
                 raise UsageError(f"cannot create output directory {self.dir}: {e.strerror}") from None
             write_json_atomic(self.dir / CONFIG_FILE, config.to_dict())
-            (self.dir / METRICS_FILE).write_text("")
+            self._truncate_metrics(resume_step)
             results.unlink(missing_ok=True)
         accelerator.wait_for_everyone()
+
+    def _truncate_metrics(self, resume_step: int | None) -> None:
+        # Rows logged after the checkpoint by the run that died are logged again on resume.
+        path = self.dir / METRICS_FILE
+        keep = []
+        if resume_step is not None and path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= resume_step:
+                        keep.append(line + "\n")
+                except (ValueError, KeyError, TypeError):
+                    break  # a line cut short by the crash, and nothing valid after it
+        path.write_text("".join(keep))
 
     def log_metrics(self, row: dict[str, Any]) -> None:
         """Append one evaluation's metrics as a JSON line."""

@@ -23,7 +23,7 @@ METRIC_KEYS = {"epoch", "step", "train_loss", "test_loss", "test_accuracy", "sam
 def config(mnist_dir, tmp_path):
     return TrainConfig(
         model="linear", data_dir=str(mnist_dir), download=False, output_dir=str(tmp_path / "run"),
-        quiet=True, max_steps=60, eval_every=30,
+        quiet=True, max_steps=60, eval_every=30, export=False,
     )  # fmt: skip
 
 

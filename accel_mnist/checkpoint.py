@@ -1,0 +1,127 @@
+"""Checkpoints that appear whole or not at all, and the state needed to resume exactly.
+
+Layout: `<output_dir>/checkpoints/step_<N>/` holds what `accelerator.save_state` wrote (model,
+optimizer, scheduler, RNG states; DeepSpeed engines write their own shards) plus
+`trainer_state.json` (position in training, per-rank loss sums, resolved config, strategy).
+Each checkpoint is written under a hidden temporary name and renamed once complete, so a
+crash mid-save leaves the previous checkpoint as the one `latest` finds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from .errors import UsageError
+from .outputs import write_json_atomic
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.json"
+_NAME = re.compile(r"^step_(\d+)$")
+# Keys whose change makes a checkpoint mean something else; everything else may differ on resume.
+MUST_MATCH = ("model", "dataset", "batch_size", "grad_accum", "optimizer", "scheduler", "seed")
+
+
+@dataclass
+class TrainState:
+    """Where training stands: enough to continue at the exact next batch."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epoch in progress (0-based)
+    batches_in_epoch: int = 0  # micro-batches of that epoch already consumed on each process
+    samples: int = 0  # training samples seen by each process
+    train_seconds: float = 0.0
+    loss_sums: list[float] = field(default_factory=list)  # per rank, since the last evaluation
+    loss_count: int = 0
+    skipped_steps: int = 0
+    strategy: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary and foreign folders are ignored)."""
+    root = checkpoint_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / STATE_FILE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainState, keep: int) -> Path:
+    """Save on all ranks (DeepSpeed shards are written by each), publish atomically, keep `keep`."""
+    root = checkpoint_dir(output_dir)
+    final = root / f"step_{state.step}"
+    tmp = root / f".tmp_step_{state.step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        # Written last: a folder without it is incomplete even if someone renames it by hand.
+        write_json_atomic(tmp / STATE_FILE, asdict(state))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path:
+    """`latest` (in output_dir) or a path to a checkpoint folder; a clear error otherwise."""
+    if resume_from == "latest":
+        found = list_checkpoints(output_dir)
+        if not found:
+            raise UsageError(f"--resume-from latest: no complete checkpoint in {checkpoint_dir(output_dir)}")
+        return found[-1]
+    path = Path(resume_from)
+    if not path.is_dir():
+        raise UsageError(f"--resume-from {path}: no such checkpoint folder")
+    if not (path / STATE_FILE).is_file():
+        raise UsageError(f"{path}: not a complete checkpoint ({STATE_FILE} is missing)")
+    return path
+
+
+def read_state(path: Path) -> TrainState:
+    try:
+        raw = json.loads((path / STATE_FILE).read_text())
+        return TrainState(**raw)
+    except (OSError, ValueError, TypeError) as e:
+        raise UsageError(f"{path / STATE_FILE}: unreadable checkpoint state ({e})") from None
+
+
+def check_compatible(saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+    """Refuse to resume into a run that would silently mean something else."""
+    for key in ("num_processes", "zero_stage", "distributed_type"):
+        if saved.strategy.get(key) != strategy.get(key):
+            raise UsageError(
+                f"{path} was saved with {key}={saved.strategy.get(key)} but this run has "
+                f"{key}={strategy.get(key)}; resume with the accelerate config it was saved with"
+            )
+    for key in MUST_MATCH:
+        if saved.config.get(key) != config.get(key):
+            raise UsageError(
+                f"{path} was saved with {key}={saved.config.get(key)!r} but this run has {key}={config.get(key)!r}"
+            )
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> None:
+    """Restore model, optimizer, scheduler and RNG states (all ranks)."""
+    try:
+        accelerator.load_state(str(path))
+    except (FileNotFoundError, KeyError, RuntimeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"{path}: cannot load checkpoint: {first}") from None

@@ -1,0 +1,247 @@
+"""Checkpoints and resume under faults: SIGKILL, a crash inside a save, NaN, bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from accel_mnist import TrainConfig, train
+from accel_mnist import checkpoint as ckpt
+from accel_mnist.errors import UsageError
+from accel_mnist.loop import NonFiniteLossError
+from conftest import CONFIGS, MNIST_DIR, REPO
+
+# mlp has dropout, so an exact resume also needs the RNG state back; eval and checkpoint
+# steps do not line up, so the per-rank loss sums since the last eval must come back too.
+RUN_ARGS = ["--model", "mlp", "--max-steps", "160", "--eval-every", "30", "--checkpoint-every", "40",
+            "--keep-checkpoints", "2", "--no-download", "--quiet", "--no-export"]  # fmt: skip
+TIMING_KEYS = {"samples_per_second"}
+
+
+def metrics_rows(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    last = ckpt.list_checkpoints(out)[-1]
+    files = sorted(last.glob("**/*.safetensors")) or sorted(last.glob("**/*model_states.pt"))
+    assert files, f"no model weights in {last}"
+    if files[0].suffix == ".safetensors":
+        return load_file(files[0])
+    # DeepSpeed's model-states file holds the module's weights beside DeepSpeed's own objects.
+    return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+
+
+def launch_cmd(launch_args: list[str] | None, out: Path, *extra: str) -> list[str]:
+    train_args = ["train", *RUN_ARGS, "--output-dir", str(out), *extra]
+    if launch_args is None:
+        return [sys.executable, "-m", "accel_mnist", *train_args]
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    return [accelerate, "launch", *launch_args, "-m", "accel_mnist", *train_args]
+
+
+def run(cmd, timeout=600):
+    env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def run_until_checkpoint_then_kill(cmd, out: Path, step: int, timeout=600) -> None:
+    """Start the run, SIGKILL its whole process group once checkpoint `step` is complete."""
+    env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    marker = ckpt.checkpoint_dir(out) / f"step_{step}" / ckpt.STATE_FILE
+    while not marker.exists():
+        assert proc.poll() is None, f"run ended before checkpoint {step}:\n{proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "results.json").exists(), "the run finished before it was killed"
+
+
+STRATEGIES = {
+    "single": None,
+    "ddp": ["--config_file", str(CONFIGS / "multi_cpu.yaml")],
+    "zero2": ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"],
+    "zero3": ["--config_file", str(CONFIGS / "zero3.yaml"), "--mixed_precision", "no"],
+}
+
+
+@pytest.mark.parametrize(
+    "strategy", ["single", pytest.param("ddp", marks=pytest.mark.slow),
+                 pytest.param("zero2", marks=pytest.mark.slow), pytest.param("zero3", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_sigkill_then_resume_equals_uninterrupted(strategy, tmp_path, mnist_dir):
+    launch = STRATEGIES[strategy]
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    proc = run(launch_cmd(launch, whole))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_until_checkpoint_then_kill(launch_cmd(launch, broken), broken, 80)
+    proc = run(launch_cmd(launch, broken, "--resume-from", "latest"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert metrics_rows(broken) == metrics_rows(whole)
+    assert [p.name for p in ckpt.list_checkpoints(broken)] == ["step_120", "step_160"]  # keep 2
+    a, b = final_weights(whole), final_weights(broken)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    results = json.loads((broken / "results.json").read_text())
+    assert results["steps"] == 160 and results["num_processes"] == (1 if launch is None else 2)
+
+
+@pytest.fixture
+def config(mnist_dir, tmp_path):
+    return TrainConfig(model="linear", data_dir=str(mnist_dir), download=False, quiet=True, export=False,
+                       output_dir=str(tmp_path / "run"), max_steps=60, checkpoint_every=20, eval_every=20)  # fmt: skip
+
+
+def test_crash_inside_a_save_keeps_the_previous_checkpoint(config, monkeypatch):
+    from accelerate import Accelerator
+
+    real_save, calls = Accelerator.save_state, []
+
+    def failing_save(self, output_dir=None, **kwargs):
+        calls.append(output_dir)
+        result = real_save(self, output_dir, **kwargs)  # the files are written...
+        if len(calls) == 2:
+            raise OSError("disk full")  # ...but the save dies before it completes
+        return result
+
+    monkeypatch.setattr(Accelerator, "save_state", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        train(config)
+    assert [p.name for p in ckpt.list_checkpoints(config.output_dir)] == ["step_20"]
+    assert ckpt.resolve_checkpoint("latest", config.output_dir).name == "step_20"
+    monkeypatch.setattr(Accelerator, "save_state", real_save)
+    results = train(config.replace(resume_from="latest"))
+    assert results["steps"] == 60
+    assert not list(ckpt.checkpoint_dir(config.output_dir).glob(".tmp_*"))
+
+
+def test_sigkill_inside_a_save(config, tmp_path):
+    script = f"""
+import json, os, signal
+from accelerate import Accelerator
+from accel_mnist import TrainConfig, train
+real = Accelerator.save_state
+calls = []
+def dying_save(self, output_dir=None, **kw):
+    calls.append(1)
+    if len(calls) == 2:
+        real(self, output_dir, **kw)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, output_dir, **kw)
+Accelerator.save_state = dying_save
+train(TrainConfig.from_dict(json.loads({json.dumps(config.to_dict())!r})))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert [p.name for p in ckpt.list_checkpoints(config.output_dir)] == ["step_20"]
+    assert train(config.replace(resume_from="latest"))["steps"] == 60
+
+
+class NaNAfter(nn.Module):
+    """A linear model whose output turns NaN from its `bad_from`-th training forward on."""
+
+    def __init__(self, bad_from: int):
+        super().__init__()
+        self.fc, self.calls, self.bad_from = nn.Linear(784, 10), 0, bad_from
+
+    def forward(self, x):
+        self.calls += self.training
+        out = self.fc(x.flatten(1))
+        return out * float("nan") if self.training and self.calls >= self.bad_from else out
+
+
+def test_persistent_nan_stops_and_keeps_the_last_good_checkpoint(config):
+    bad = config.replace(max_nonfinite=3, log_every=1, eval_every=0)
+    with pytest.raises(NonFiniteLossError, match="not finite for 3 optimizer steps"):
+        train(bad, model=NaNAfter(bad_from=25))
+    last = ckpt.list_checkpoints(config.output_dir)[-1]
+    assert last.name == "step_20"
+    weights = load_file(next(last.glob("*.safetensors")))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_resume_refuses_another_world_size(config):
+    train(config.replace(max_steps=20))
+    last = ckpt.list_checkpoints(config.output_dir)[-1]
+    state = json.loads((last / ckpt.STATE_FILE).read_text())
+    state["strategy"]["num_processes"] = 2
+    (last / ckpt.STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(UsageError, match="num_processes=2 but this run has num_processes=1"):
+        train(config.replace(resume_from="latest"))
+
+
+def test_resume_refuses_another_model(config):
+    train(config.replace(max_steps=20))
+    with pytest.raises(UsageError, match="model='linear' but this run has model='mlp'"):
+        train(config.replace(resume_from="latest", model="mlp"))
+
+
+@pytest.mark.parametrize("damage", ["no_state", "no_weights", "bad_state"])
+def test_corrupt_checkpoint_is_a_one_line_error(config, damage):
+    train(config.replace(max_steps=20))
+    last = ckpt.list_checkpoints(config.output_dir)[-1]
+    if damage == "no_state":
+        (last / ckpt.STATE_FILE).unlink()
+    elif damage == "no_weights":
+        for f in last.glob("model*.safetensors"):
+            f.unlink()
+    else:
+        (last / ckpt.STATE_FILE).write_text("{not json")
+    proc = run([sys.executable, "-m", "accel_mnist", "train", "--model", "linear", "--max-steps", "40",
+                "--output-dir", config.output_dir, "--resume-from", str(last), "--quiet"])  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(last) in lines[0], proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_dead_process_stops_the_others(tmp_path, mnist_dir):
+    """SIGKILL one rank of a 2-process run: the launcher must end, not hang."""
+    out = tmp_path / "run"
+    cmd = launch_cmd(STRATEGIES["ddp"], out, "--max-steps", "100000", "--checkpoint-every", "20")
+    env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        marker = ckpt.checkpoint_dir(out) / "step_20" / ckpt.STATE_FILE
+        deadline = time.monotonic() + 300
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "the run never checkpointed"
+        rank1 = _find_rank(proc.pid, 1)
+        os.kill(rank1, signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.wait(timeout=120)
+        assert proc.returncode != 0
+        assert time.monotonic() - killed_at < 120
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _find_rank(launcher_pid: int, rank: int) -> int:
+    """The pid of the worker with RANK=`rank` in the launcher's session."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != os.getsid(launcher_pid):
+                continue
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no worker with RANK={rank}")
