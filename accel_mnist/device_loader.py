@@ -1,0 +1,314 @@
+"""A data path that keeps a whole split on the device and yields normalised batches.
+
+The per-sample torch DataLoader (one `__getitem__`, one collate per sample) caps small
+models at a few thousand samples/s; MNIST as uint8 is 47 MB, so the whole split can live
+on the accelerator and a batch becomes one gather plus three elementwise ops.
+
+`DeviceLoader` reproduces exactly how `accelerator.prepare` shards a torch DataLoader
+(`BatchSamplerShard`, `even_batches=True`, `split_batches=False`):
+
+* batches are cut from the global order (a permutation of the split, or `arange` when not
+  shuffled) and dealt round-robin: global batch `j` goes to process `j % num_processes`;
+* with more than one process and `drop_last=False`, the order is extended cyclically
+  (`order[i % N]`) until every process has the same number of FULL batches, so a final
+  partial batch is completed with samples from the start of the order and every batch
+  on every process has `batch_size` rows;
+* with one process Accelerate does not shard at all: the last batch is partial;
+* with `drop_last=True` only the first `(N // B) // P * P` full batches are used.
+
+It also takes part in Accelerate's `GradientState` the way a prepared `DataLoaderShard`
+does (registered while it is iterated, `end_of_dataloader` set before the last batch,
+`remainder = N % (B * P)`), so that, without going through `accelerator.prepare`:
+
+* `accelerator.gather_for_metrics` drops the wrapped-around duplicates of the last batch
+  (without this it would count them: for a loader it did not prepare, Accelerate's
+  `GradientState.end_of_dataloader` is False and the gathered duplicates are returned);
+* `accelerator.accumulate` syncs gradients at the end of the epoch when the number of
+  batches is not a multiple of the accumulation steps, as with a prepared loader.
+
+For evaluation that does not depend on Accelerate internals, `iter_eval_shard()` yields
+disjoint shards (no sample twice, none missed) with their valid-row counts; sum the
+per-process statistics with one `accelerator.reduce(..., "sum")` at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+
+__all__ = ["DATA_LOADERS", "DeviceLoader", "choose_data_loader", "device_loader_fits"]
+
+DATA_LOADERS = ("auto", "torch", "device")
+
+try:  # accelerate is a dependency, but keep the loader usable (and testable) without it
+    from accelerate.state import GradientState
+except ImportError:  # pragma: no cover
+    GradientState = None  # type: ignore[assignment,misc]
+
+
+class DeviceLoader:
+    """The whole split on `device` as uint8; yields `(x, y)`: x float32 (B, 1, 28, 28), y int64 (B,).
+
+    Args:
+        images: uint8 tensor (N, 28, 28) (any (N, H, W) works), on any device.
+        labels: int64 tensor (N,).
+        mean, std: normalisation, x = (img / 255 - mean) / std (as ImageTensorDataset).
+        batch_size: per-process batch size.
+        shuffle: a new permutation every epoch (False: the split in order, e.g. evaluation).
+        seed: epoch `e`'s order is `torch.randperm(N, generator=g)` with
+            `g = torch.Generator().manual_seed(seed + e)`, computed on the CPU: identical on
+            every process without communication.
+        torch_order: first draw one int64 from `g`, as a torch DataLoader iterator does for its
+            base seed before its RandomSampler draws the permutation. Then epoch `e` has exactly
+            the order of `DataLoader(shuffle=True, generator=g)` with `g.manual_seed(seed + e)` at
+            the epoch's start (the loop's torch path), so both data paths train identically.
+        device: where the data lives and batches are produced.
+        num_processes, process_index: the data-parallel world (`accelerator.num_processes`,
+            `accelerator.process_index`).
+        drop_last: drop the final partial batch (as a torch DataLoader with drop_last=True).
+        register_with_accelerate: take part in Accelerate's GradientState (see module doc).
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean: float,
+        std: float,
+        batch_size: int,
+        shuffle: bool,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        num_processes: int = 1,
+        process_index: int = 0,
+        drop_last: bool = False,
+        register_with_accelerate: bool = True,
+        torch_order: bool = True,
+    ) -> None:
+        if images.dtype != torch.uint8:
+            raise ValueError(f"images must be uint8, got {images.dtype}")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        if len(images) == 0:
+            raise ValueError("no samples")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_processes < 1 or not 0 <= process_index < num_processes:
+            raise ValueError(f"process_index {process_index} out of range for {num_processes} processes")
+        self.device = torch.device(device)
+        self.images = images.to(self.device)
+        self.labels = labels.to(device=self.device, dtype=torch.int64)
+        self.mean = float(mean)
+        self.std = float(std)
+        self.batch_size = batch_size  # DeepSpeed's accelerate integration reads this name
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.drop_last = drop_last
+        self.torch_order = torch_order
+        self.register_with_accelerate = register_with_accelerate and GradientState is not None
+        self.epoch = 0
+        self.position = 0  # batches of the current epoch already yielded
+        self._skip = 0  # one-shot: batches to skip at the start of the next iteration
+        # The GradientState protocol of accelerate's DataLoaderStateMixin.
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    @classmethod
+    def from_dataset(cls, dataset: Any, **kwargs: Any) -> DeviceLoader:
+        """Build from an accel_mnist ImageTensorDataset (its images, labels, mean and std)."""
+        return cls(dataset.images, dataset.labels, dataset.mean, dataset.std, **kwargs)
+
+    # -- sizes -----------------------------------------------------------------------------
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.labels)
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step over all processes (Accelerate's name)."""
+        return self.batch_size * self.num_processes
+
+    def _global_batches(self) -> int:
+        n, b = self.num_samples, self.batch_size
+        return n // b if self.drop_last else math.ceil(n / b)
+
+    def __len__(self) -> int:
+        """Batches per process per epoch (as the prepared torch DataLoader's len())."""
+        k, p = self._global_batches(), self.num_processes
+        if p == 1:
+            return k
+        return k // p if self.drop_last else math.ceil(k / p)
+
+    # -- order and sharding ----------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch `epoch`'s permutation from the next iteration on (starting at its beginning)."""
+        self.epoch = int(epoch)
+        self.position = 0
+
+    def skip_batches(self, n: int) -> None:
+        """Make the next iteration start at batch `n` of the current epoch (exact resume)."""
+        if not 0 <= n <= len(self):
+            raise ValueError(f"cannot skip {n} batches of an epoch of {len(self)}")
+        self._skip = int(n)
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the loader stands: epoch, and batches of it already yielded."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume where `state_dict()` was taken: the next iteration yields the remaining batches."""
+        self.set_epoch(state["epoch"])
+        self.skip_batches(state["position"])
+
+    def permutation(self, epoch: int | None = None) -> torch.Tensor:
+        """The global order of epoch `epoch` (default: the current one), int64 on the CPU."""
+        n = self.num_samples
+        if not self.shuffle:
+            return torch.arange(n)
+        epoch = self.epoch if epoch is None else epoch
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        if self.torch_order:  # the base-seed draw of torch's _BaseDataLoaderIter.__init__
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+        return torch.randperm(n, generator=generator)
+
+    def shard_indices(self, order: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """This process's batches of the epoch, as index tensors into the split (CPU).
+
+        Exactly Accelerate's BatchSamplerShard(even_batches=True) over BatchSampler(order).
+        """
+        order = self.permutation() if order is None else order
+        n, b, p, r = self.num_samples, self.batch_size, self.num_processes, self.process_index
+        k = self._global_batches()
+        if p == 1:  # Accelerate does not wrap the batch sampler with one process
+            return list(order[: k * b if self.drop_last else n].split(b))
+        per_process = len(self)
+        total = per_process * p * b
+        if self.drop_last:
+            padded = order[:total]
+        else:  # wrap around to the start of the order so that every batch is full
+            padded = order[torch.arange(total) % n]
+        return list(padded.view(per_process, p, b)[:, r, :])
+
+    # -- iteration -------------------------------------------------------------------------
+
+    def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Same float32 ops, in the same order, as ImageTensorDataset.__getitem__: equal values.
+        x = self.images[idx].to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std)
+        return x.unsqueeze(1), self.labels[idx]
+
+    def _index_matrix(self) -> tuple[torch.Tensor, list[int]]:
+        """This epoch's shard as one flat index tensor on the device plus per-batch sizes."""
+        batches = self.shard_indices()
+        sizes = [len(t) for t in batches]
+        flat = torch.cat(batches) if batches else torch.empty(0, dtype=torch.int64)
+        # One host-to-device copy per epoch; the per-step work is then all on the device.
+        return flat.to(self.device, non_blocking=True), sizes
+
+    def _begin(self) -> None:
+        self.end_of_dataloader = False
+        self.remainder = -1 if self.drop_last else self.num_samples % self.total_batch_size
+        if self.register_with_accelerate:
+            GradientState()._add_dataloader(self)
+
+    def _end(self) -> None:
+        if self.register_with_accelerate:
+            GradientState()._remove_dataloader(self)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        start, self._skip = self._skip, 0
+        flat, sizes = self._index_matrix()
+        offsets = [0]
+        for s in sizes:
+            offsets.append(offsets[-1] + s)
+        n_batches = len(sizes)
+        self.position = start
+        self._begin()
+        try:
+            for i in range(start, n_batches):
+                if i == n_batches - 1:
+                    self.end_of_dataloader = True
+                batch = self._batch(flat[offsets[i] : offsets[i + 1]])
+                self.position = i + 1
+                yield batch
+        finally:
+            self._end()
+        # A completed pass moves to the next epoch, as a prepared DataLoaderShard does.
+        self.epoch += 1
+        self.position = 0
+
+    def iter_eval_shard(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Disjoint shards for evaluation: every sample exactly once over all processes.
+
+        Contiguous equal-as-possible slices of the order (process r gets
+        `order[r*N//P:(r+1)*N//P]`), cut into batches of `batch_size`; processes may get
+        different numbers of batches, so do NOT call collectives (gather) per batch: accumulate
+        sums locally and combine them with one `accelerator.reduce(t, "sum")` afterwards.
+        """
+        order = self.permutation()
+        n, p, r = self.num_samples, self.num_processes, self.process_index
+        shard = order[r * n // p : (r + 1) * n // p].to(self.device)
+        for idx in shard.split(self.batch_size):
+            yield self._batch(idx)
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceLoader(samples={self.num_samples}, batch_size={self.batch_size}, "
+            f"shuffle={self.shuffle}, process={self.process_index}/{self.num_processes}, "
+            f"batches={len(self)}, device={self.device})"
+        )
+
+
+# -- choosing the data path ----------------------------------------------------------------
+
+
+def dataset_nbytes(dataset: Any) -> int:
+    """Bytes the device copy of an ImageTensorDataset-like split takes (images + labels)."""
+    return dataset.images.numel() * dataset.images.element_size() + dataset.labels.numel() * 8
+
+
+def device_loader_fits(device: torch.device | str, nbytes: int, fraction: float = 0.25) -> bool:
+    """Whether `nbytes` of data should be held on `device`.
+
+    CPU: always (the data already sits in host memory; the device path only removes the
+    per-sample Python work). CUDA: when it takes at most `fraction` of the memory free on
+    the device now (MNIST train+test: 55 MB). Other device types: no (not measured).
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info(device)
+        return nbytes <= fraction * free
+    return False
+
+
+def choose_data_loader(setting: str, datasets: Any, device: torch.device | str) -> str:
+    """Resolve `data_loader: auto|torch|device` to "torch" or "device".
+
+    `datasets` is one split or a sequence of them; "auto" picks "device" when every split
+    exposes uint8 `images` and `labels` (ImageTensorDataset) and they fit on `device`.
+    "device" with a dataset that cannot be held raises ValueError.
+    """
+    if setting not in DATA_LOADERS:
+        raise ValueError(f"data_loader: '{setting}' is not one of {', '.join(DATA_LOADERS)}")
+    if setting == "torch":
+        return "torch"
+    splits = datasets if isinstance(datasets, (list, tuple)) else [datasets]
+    holdable = all(
+        isinstance(getattr(s, "images", None), torch.Tensor) and getattr(s, "images").dtype == torch.uint8
+        and isinstance(getattr(s, "labels", None), torch.Tensor)
+        for s in splits
+    )  # fmt: skip
+    if setting == "device":
+        if not holdable:
+            raise ValueError("data_loader: 'device' needs uint8 image tensors (an ImageTensorDataset)")
+        return "device"
+    if holdable and device_loader_fits(device, sum(dataset_nbytes(s) for s in splits)):
+        return "device"
+    return "torch"
