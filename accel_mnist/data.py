@@ -237,6 +237,9 @@ def load_datasets(
     name: str, data_dir: str | os.PathLike | None, download: bool = True
 ) -> tuple[ImageTensorDataset, ImageTensorDataset]:
     """Load (train, test) ImageTensorDatasets for `name`, normalised with the spec's mean/std."""
+    if name.startswith("hf:"):  # Hugging Face datasets (hf_data.py); imported only when asked for
+        from .hf_data import load_hf_datasets
+        return load_hf_datasets(name, data_dir, download)
     spec = _spec(name)
     train = load_split(name, data_dir, train=True, download=download)
     test = load_split(name, data_dir, train=False, download=download)

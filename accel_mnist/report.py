@@ -1,0 +1,231 @@
+"""Plots and a text summary of finished (or running) runs, from metrics.jsonl and results.json.
+
+    accel-mnist report outputs/cnn                      # redraw outputs/cnn/*.png, print a summary
+    accel-mnist report outputs/ddp outputs/zero2 --output compare.png
+
+matplotlib is imported inside the functions that draw, so that `accel-mnist --help` and the
+training CLI never pay for it; figures are built as `matplotlib.figure.Figure` objects and
+saved through the Agg canvas, without pyplot's global state (safe in any thread, no display).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+from .outputs import METRICS_FILE, RESULTS_FILE
+
+__all__ = [
+    "CURVES_FILE", "CONFUSION_FILE", "load_run", "plot_confusion_matrix", "plot_training_curves",
+    "register", "run_label", "summarize", "write_report",
+]  # fmt: skip
+
+CURVES_FILE = "training_curves.png"
+CONFUSION_FILE = "confusion_matrix.png"
+COMPARISON_FILE = "comparison.png"
+
+
+def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(metrics rows, results or None) of a run directory; UsageError if it cannot be read."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"run directory {run_dir} does not exist")
+    metrics = run_dir / METRICS_FILE
+    if not metrics.is_file():
+        raise UsageError(f"{run_dir} has no {METRICS_FILE} (not a training output directory?)")
+    rows = []
+    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise UsageError(f"{metrics}:{number}: not a JSON line") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise UsageError(f"{metrics}:{number}: expected a metrics row with a 'step'")
+        rows.append(row)
+    if not rows:
+        raise UsageError(f"{metrics} has no rows yet (no evaluation has finished)")
+    results = None
+    results_file = run_dir / RESULTS_FILE
+    if results_file.is_file():
+        try:
+            results = json.loads(results_file.read_text())
+        except ValueError:
+            raise UsageError(f"{results_file}: not valid JSON") from None
+    return rows, results
+
+
+def run_label(run_dir: str | os.PathLike, results: dict[str, Any] | None) -> str:
+    """'DEEPSPEED ZeRO-2, 2 proc' from results.json; the directory name without one."""
+    if not results or "distributed_type" not in results:
+        return Path(run_dir).name or str(run_dir)
+    label = str(results["distributed_type"])
+    if results.get("zero_stage"):
+        label += f" ZeRO-{results['zero_stage']}"
+    if "num_processes" in results:
+        label += f", {results['num_processes']} proc"
+    return label
+
+
+def _labels(run_dirs: Sequence[Path], results: Sequence[dict[str, Any] | None]) -> list[str]:
+    labels = [run_label(d, r) for d, r in zip(run_dirs, results)]
+    # Two runs of the same strategy (different models, seeds...) must stay apart in a legend.
+    return [
+        f"{label} [{d.name}]" if labels.count(label) > 1 and label != d.name else label
+        for label, d in zip(labels, run_dirs)
+    ]
+
+
+def _save(fig: Any, out_png: str | os.PathLike) -> Path:
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    return out_png
+
+
+def plot_training_curves(run_dirs: Sequence[str | os.PathLike], out_png: str | os.PathLike) -> Path:
+    """Train loss, test loss and test accuracy against the optimizer step, one curve per run."""
+    from matplotlib.figure import Figure
+
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        raise UsageError("no run directories given")
+    runs = [load_run(d) for d in dirs]
+    labels = _labels(dirs, [results for _, results in runs])
+    fig = Figure(figsize=(15, 4.5), layout="constrained")
+    axes = fig.subplots(1, 3)
+    panels = [("train_loss", "train loss"), ("test_loss", "test loss"), ("test_accuracy", "test accuracy")]
+    for ax, (key, title) in zip(axes, panels):
+        for (rows, _), label in zip(runs, labels):
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                steps, values = zip(*points)
+                # Markers: a run with a single evaluation is a point, not an invisible line.
+                ax.plot(steps, values, marker="o", markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.grid(True, alpha=0.3)
+    axes[2].legend(fontsize="small", loc="lower right")
+    return _save(fig, out_png)
+
+
+def plot_confusion_matrix(
+    matrix: Sequence[Sequence[int]], classes: Sequence[str], out_png: str | os.PathLike, title: str | None = None
+) -> Path:
+    """Counts in each cell (rows: true class, columns: predicted), coloured by the row's share."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    counts = np.asarray(matrix, dtype=np.int64)
+    if counts.ndim != 2 or counts.shape[0] != counts.shape[1] or counts.shape[0] != len(classes):
+        raise UsageError(f"confusion matrix of shape {counts.shape} does not match {len(classes)} classes")
+    totals = counts.sum(axis=1, keepdims=True)
+    shares = counts / np.maximum(totals, 1)
+    n = len(classes)
+    fig = Figure(figsize=(1.0 + 0.7 * n, 0.6 + 0.7 * n), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, label="share of the true class")
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8,
+                    color="white" if shares[i, j] > 0.5 else "black")  # fmt: skip
+    ax.set_xticks(range(n), labels=list(classes), rotation=45 if max(map(len, classes)) > 2 else 0, ha="right")
+    ax.set_yticks(range(n), labels=list(classes))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    total = int(counts.sum())
+    accuracy = float(np.trace(counts)) / total if total else math.nan
+    ax.set_title(title or f"accuracy {accuracy:.4f} on {total} samples")
+    return _save(fig, out_png)
+
+
+def _classes(results: dict[str, Any]) -> list[str]:
+    from .data import DATASETS
+
+    spec = DATASETS.get(str(results.get("dataset", "")))
+    return list(spec.classes) if spec else [str(d) for d in range(len(results["confusion_matrix"]))]
+
+
+def write_report(run_dir: str | os.PathLike) -> list[Path]:
+    """Write training_curves.png and (with results.json) confusion_matrix.png into `run_dir`."""
+    run_dir = Path(run_dir)
+    _, results = load_run(run_dir)
+    written = [plot_training_curves([run_dir], run_dir / CURVES_FILE)]
+    if results and results.get("confusion_matrix"):
+        title = f"{run_label(run_dir, results)}: test accuracy {results.get('test_accuracy', math.nan):.4f}"
+        written.append(plot_confusion_matrix(results["confusion_matrix"], _classes(results),
+                                             run_dir / CONFUSION_FILE, title=title))  # fmt: skip
+    return written
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def summarize(run_dirs: Sequence[str | os.PathLike]) -> str:
+    """A text table: one line per run with its steps, time, throughput and final test metrics.
+
+    A run without results.json (still running, or killed) shows its last metrics row.
+    """
+    dirs = [Path(d) for d in run_dirs]
+    runs = [load_run(d) for d in dirs]
+    labels = _labels(dirs, [results for _, results in runs])
+    header = ("run", "strategy", "steps", "train_seconds", "samples/s", "test_accuracy", "test_loss")
+    table = [header]
+    for d, label, (rows, results) in zip(dirs, labels, runs):
+        last = {**rows[-1], **(results or {})}
+        table.append((
+            str(d), label if results else f"{label} (no {RESULTS_FILE})",
+            _fmt(last.get("steps", last.get("step")), "d"), _fmt(last.get("train_seconds"), ".1f"),
+            _fmt(last.get("samples_per_second"), ".0f"), _fmt(last.get("test_accuracy"), ".4f"),
+            _fmt(last.get("test_loss"), ".4f"),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = []
+    for k, row in enumerate(table):
+        # Text columns left-aligned, numbers right-aligned.
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _report(args: argparse.Namespace) -> int:
+    dirs = [Path(d) for d in args.run_dirs]
+    for d in dirs:
+        load_run(d)  # every directory checked before anything is drawn
+    written: list[Path] = []
+    for d in dirs:
+        written += write_report(d)
+    if args.output or len(dirs) > 1:
+        written.append(plot_training_curves(dirs, args.output or COMPARISON_FILE))
+    print(summarize(dirs))
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `report DIR [DIR...] [--output PNG]` to the CLI's subparsers (handler: args.handler)."""
+    parser = subparsers.add_parser(
+        "report", help="plot training curves and confusion matrices of runs, and summarise them",
+        description="Redraw DIR/training_curves.png and DIR/confusion_matrix.png of each run from its "
+        f"{METRICS_FILE} and {RESULTS_FILE}, and print a summary table. With several runs (or --output), "
+        "their curves are also drawn together in one PNG.",
+    )  # fmt: skip
+    parser.add_argument("run_dirs", nargs="+", metavar="DIR", help="a training --output-dir")
+    parser.add_argument("--output", metavar="PNG",
+                        help=f"the curves of all the runs together (default with several runs: ./{COMPARISON_FILE})")  # fmt: skip
+    parser.set_defaults(handler=_report)
+    return parser

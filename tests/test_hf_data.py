@@ -1,0 +1,210 @@
+"""`--dataset hf:NAME_OR_PATH`: Hugging Face datasets from save_to_disk folders, parquet and the Hub."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from accel_mnist import DataError, TrainConfig, train
+from accel_mnist.data import load_datasets, load_split
+from accel_mnist.hf_data import load_hf_datasets, pixel_mean_std
+from conftest import MNIST_DIR
+
+datasets = pytest.importorskip("datasets")
+from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, Image, Value  # noqa: E402
+
+datasets.disable_progress_bars()
+IMAGE_FEATURES = Features({"image": Image(), "label": ClassLabel(num_classes=10)})
+
+
+def _need_mnist():
+    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
+
+
+def _mnist_dict(n_train=None, n_test=None) -> tuple[DatasetDict, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """MNIST from the IDX files as a DatasetDict of PNG-encoded images, and the source tensors."""
+    _need_mnist()
+    source = {
+        "train": tuple(t[:n_train] for t in load_split("mnist", MNIST_DIR, train=True, download=False)),
+        "test": tuple(t[:n_test] for t in load_split("mnist", MNIST_DIR, train=False, download=False)),
+    }
+    dd = DatasetDict({
+        split: Dataset.from_dict({"image": list(x.numpy()), "label": y.numpy()}, features=IMAGE_FEATURES)
+        for split, (x, y) in source.items()
+    })  # fmt: skip
+    return dd, source
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """2000 train / 500 test real MNIST images, saved with save_to_disk and as parquet files."""
+    dd, source = _mnist_dict(2000, 500)
+    root = tmp_path_factory.mktemp("hf_small")
+    dd.save_to_disk(str(root / "saved"))
+    for split, ds in dd.items():
+        ds.to_parquet(str(root / "parquet" / f"{split}-00000-of-00001.parquet"))
+    return root, source
+
+
+def _assert_same(loaded, source):
+    for ds, split in zip(loaded, ("train", "test")):
+        x, y = source[split]
+        assert ds.images.dtype == torch.uint8 and ds.images.shape == x.shape
+        assert ds.labels.dtype == torch.int64
+        assert torch.equal(ds.images, x) and torch.equal(ds.labels, y)
+
+
+@pytest.mark.parametrize("layout", ["saved", "parquet"])
+def test_loads_save_to_disk_and_parquet_folders(small, layout):
+    root, source = small
+    train_set, test_set = load_datasets(f"hf:{root / layout}", data_dir=None)
+    _assert_same((train_set, test_set), source)
+    mean, std = pixel_mean_std(source["train"][0])
+    assert (train_set.mean, train_set.std) == (test_set.mean, test_set.std) == (mean, std)
+    image, label = train_set[0]
+    assert image.shape == (1, 28, 28) and image.dtype == torch.float32 and int(label) == int(source["train"][1][0])
+
+
+def test_mean_std_round_to_the_published_mnist_constants():
+    _need_mnist()
+    images, _ = load_split("mnist", MNIST_DIR, train=True, download=False)
+    assert pixel_mean_std(images) == (0.1307, 0.3081)  # exact: 0.130660, 0.308108
+
+
+def test_array_columns_are_found_by_type(tmp_path):
+    # 2-D int lists (what from_dict makes of arrays) and an Array2D, next to a text column, with
+    # labels an int Value instead of a ClassLabel; names that are not "image"/"label".
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(12, 28, 28), dtype=np.uint8)
+    labels = np.arange(12) % 10
+    for name, features in [
+        ("lists", None),
+        ("array2d", Features({"note": Value("string"), "pixels": Array2D((28, 28), "uint8"), "y": Value("int32")})),
+    ]:
+        data = {"note": ["x"] * 12, "pixels": list(pixels), "y": labels}
+        ds = Dataset.from_dict(data, features=features)
+        DatasetDict(train=ds, test=ds.select(range(4))).save_to_disk(str(tmp_path / name))
+        train_set, test_set = load_hf_datasets(f"hf:{tmp_path / name}")
+        assert torch.equal(train_set.images, torch.from_numpy(pixels)), name
+        assert train_set.labels.tolist() == labels.tolist() and len(test_set) == 4
+
+
+def test_colour_images_are_converted_to_grayscale(tmp_path):
+    import PIL.Image
+
+    rng = np.random.default_rng(1)
+    rgb = [PIL.Image.fromarray(rng.integers(0, 256, size=(28, 28, 3), dtype=np.uint8)) for _ in range(3)]
+    ds = Dataset.from_dict({"image": rgb, "label": [1, 2, 3]}, features=IMAGE_FEATURES)
+    DatasetDict(train=ds, test=ds).save_to_disk(str(tmp_path / "rgb"))
+    train_set, _ = load_hf_datasets(f"hf:{tmp_path / 'rgb'}")
+    # The stored PNGs are RGB; PIL's own "L" conversion is the reference.
+    expected = np.stack([np.asarray(PIL.Image.open(p).convert("L")) for p in _png_paths(ds)])
+    assert torch.equal(train_set.images, torch.from_numpy(expected))
+
+
+def _png_paths(ds):
+    import io
+
+    return [io.BytesIO(item["bytes"]) for item in ds.cast_column("image", Image(decode=False))["image"]]
+
+
+def _save(tmp_path, name, train, test=None, features=IMAGE_FEATURES):
+    splits = {"train": Dataset.from_dict(train, features=features)}
+    if test is not None:
+        splits["test"] = Dataset.from_dict(test, features=features)
+    DatasetDict(splits).save_to_disk(str(tmp_path / name))
+    return f"hf:{tmp_path / name}"
+
+
+def _error(spec, **kwargs) -> str:
+    with pytest.raises(DataError) as info:
+        load_hf_datasets(spec, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_wrong_image_size_is_rejected(tmp_path):
+    ok = [np.zeros((28, 28), np.uint8)] * 2
+    spec = _save(tmp_path, "big", {"image": [np.zeros((32, 32), np.uint8)] * 2, "label": [0, 1]},
+                 {"image": ok, "label": [0, 1]})  # fmt: skip
+    message = _error(spec)
+    assert spec in message and "(32, 32)" in message and "image 0" in message
+    # One odd image among good ones: named by its index.
+    spec = _save(tmp_path, "ragged", {"image": ok + [np.zeros((28, 27), np.uint8)], "label": [0, 1, 2]},
+                 {"image": ok, "label": [0, 1]})  # fmt: skip
+    assert "image 2 has shape (28, 27)" in _error(spec)
+
+
+def test_labels_out_of_range_are_rejected(tmp_path):
+    features = Features({"image": Image(), "label": Value("int64")})
+    ok = {"image": [np.zeros((28, 28), np.uint8)] * 2, "label": [0, 9]}
+    spec = _save(tmp_path, "labels", ok, {**ok, "label": [3, 10]}, features=features)
+    message = _error(spec)
+    assert "test" in message and "label value 10 out of range 0..9" in message
+
+
+def test_missing_split_and_missing_columns(tmp_path):
+    ok = {"image": [np.zeros((28, 28), np.uint8)] * 2, "label": [0, 1]}
+    assert "no 'test' split (found: train)" in _error(_save(tmp_path, "no_test", ok))
+    ds = Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]})
+    DatasetDict(train=ds, test=ds).save_to_disk(str(tmp_path / "text"))
+    message = _error(f"hf:{tmp_path / 'text'}")
+    assert "found no image column" in message and "(text: Value(string), label: Value(int64))" in message
+    Dataset.from_dict(ok, features=IMAGE_FEATURES).save_to_disk(str(tmp_path / "single"))
+    assert "single saved Dataset" in _error(f"hf:{tmp_path / 'single'}")
+    pixels = np.full((1, 28, 28), 0.5, dtype=np.float32)
+    ds = Dataset.from_dict({"image": list(pixels), "label": [1]})
+    DatasetDict(train=ds, test=ds).save_to_disk(str(tmp_path / "float"))
+    assert "expected 8-bit pixel values 0..255" in _error(f"hf:{tmp_path / 'float'}")
+
+
+def test_missing_folder_and_hub_names(tmp_path, monkeypatch, small):
+    assert "no such folder" in _error(f"hf:{tmp_path / 'nowhere'}")
+    # A Hub name without the network and with downloading off fails at once, not after retries.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    assert "downloading is off" in _error("hf:someone/mnist", download=False)
+    # With downloading on, a Hub name goes to datasets.load_dataset as it is.
+    root, source = small
+    calls = []
+
+    def fake_load_dataset(name, *args, **kwargs):
+        calls.append(name)
+        return datasets.load_from_disk(str(root / "saved"))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    _assert_same(load_hf_datasets("hf:someone/mnist"), source)
+    assert calls == ["someone/mnist"]
+
+    def unreachable(name, *args, **kwargs):
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub\n(LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    message = _error("hf:someone/mnist")
+    assert message.startswith("hf:someone/mnist: could not load: ConnectionError: Couldn't reach")
+
+
+@pytest.fixture(scope="session")
+def full_mnist_saved(tmp_path_factory):
+    """All of MNIST (60000 + 10000 PNG-encoded images) as a save_to_disk DatasetDict."""
+    start = time.perf_counter()
+    dd, _ = _mnist_dict()
+    path = tmp_path_factory.mktemp("hf_full") / "mnist"
+    dd.save_to_disk(str(path))
+    seconds = time.perf_counter() - start
+    assert seconds < 60, f"building the dataset took {seconds:.1f} s"  # about 6 s measured
+    return path
+
+
+def test_hf_mnist_trains_exactly_like_the_idx_files(full_mnist_saved, tmp_path):
+    common = dict(model="linear", max_steps=100, quiet=True, data_dir=str(MNIST_DIR), download=False)
+    hf = train(TrainConfig(dataset=f"hf:{full_mnist_saved}", output_dir=str(tmp_path / "hf"), **common))
+    idx = train(TrainConfig(dataset="mnist", output_dir=str(tmp_path / "idx"), **common))
+    # Same bytes, same order, same (rounded) mean/std: the same computation, bit for bit.
+    assert hf["test_accuracy"] == idx["test_accuracy"] > 0.85
+    assert hf["test_loss"] == idx["test_loss"] and hf["train_loss"] == idx["train_loss"]
+    assert hf["confusion_matrix"] == idx["confusion_matrix"] and hf["dataset"] == f"hf:{full_mnist_saved}"
