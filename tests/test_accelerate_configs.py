@@ -1,0 +1,293 @@
+"""The accelerate configs in accelerate_configs/ parse, mean what their names say,
+and launch the way the README claims (accelerate 1.15 semantics)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+from accelerate.utils import DeepSpeedPlugin, DistributedType
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "accelerate_configs"
+DS_JSON = CONFIG_DIR / "deepspeed_config.json"
+
+# What each file must mean once accelerate has parsed it.
+# zero_stage / offload are only checked for DeepSpeed files.
+EXPECTED: dict[str, dict] = {
+    "cpu.yaml": dict(distributed_type=DistributedType.NO, num_processes=1, mixed_precision="no", use_cpu=True),
+    # MULTI_GPU on purpose: the torchrun launcher is the one that starts 2 processes (see the file's comment).
+    "multi_cpu.yaml": dict(
+        distributed_type=DistributedType.MULTI_GPU, num_processes=2, mixed_precision="no", use_cpu=True
+    ),
+    "single_gpu.yaml": dict(
+        distributed_type=DistributedType.NO, num_processes=1, mixed_precision="bf16", use_cpu=False, gpu_ids="0"
+    ),
+    "multi_gpu.yaml": dict(
+        distributed_type=DistributedType.MULTI_GPU, num_processes=2, mixed_precision="bf16", use_cpu=False, gpu_ids="all"
+    ),
+    "zero1.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
+                       use_cpu=False, zero_stage=1, offload_optimizer_device="none", offload_param_device="none"),
+    "zero2.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
+                       use_cpu=False, zero_stage=2, offload_optimizer_device="none", offload_param_device="none"),
+    "zero3.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
+                       use_cpu=False, zero_stage=3, offload_optimizer_device="none", offload_param_device="none"),
+    "zero2_offload.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
+                               use_cpu=False, zero_stage=2, offload_optimizer_device="cpu",
+                               offload_param_device="none"),
+    "zero3_offload.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
+                               use_cpu=False, zero_stage=3, offload_optimizer_device="cpu",
+                               offload_param_device="cpu"),
+    # Precision and ZeRO settings live in the JSON; accelerate forbids them in the YAML.
+    "zero_file.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision=None,
+                           use_cpu=False, deepspeed_config_file="accelerate_configs/deepspeed_config.json"),
+    # Two machines x 8 GPUs; num_processes is the total over all machines.
+    "multinode_ddp.yaml": dict(distributed_type=DistributedType.MULTI_GPU, num_processes=16, num_machines=2,
+                               mixed_precision="bf16", use_cpu=False, gpu_ids="all"),
+    "multinode_zero2.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=16, num_machines=2,
+                                 mixed_precision="bf16", use_cpu=False, zero_stage=2,
+                                 offload_optimizer_device="none", offload_param_device="none"),
+}
+
+# Keys `accelerate config` writes for every LOCAL_MACHINE file.
+WIZARD_KEYS = {
+    "compute_environment", "debug", "distributed_type", "downcast_bf16", "enable_cpu_affinity", "machine_rank",
+    "main_training_function", "num_machines", "num_processes", "rdzv_backend", "same_network", "tpu_env",
+    "tpu_use_cluster", "tpu_use_sudo", "use_cpu",
+}
+
+# deepspeed_config keys that accelerate rejects next to deepspeed_config_file
+# (DeepSpeedPlugin._deepspeed_config_checks), plus the top-level mixed_precision.
+FORBIDDEN_WITH_DS_FILE = {
+    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
+}
+
+YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
+
+
+@pytest.fixture
+def clean_accelerate_env(monkeypatch):
+    """Drop inherited ACCELERATE_* variables: DeepSpeedPlugin and the launcher read them."""
+    for key in list(os.environ):
+        if key.startswith("ACCELERATE_"):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(REPO_ROOT)  # config paths inside the YAMLs are relative to the repo root
+    return monkeypatch
+
+
+def test_every_expected_config_is_present():
+    found = {p.name for p in YAML_FILES}
+    missing = set(EXPECTED) - found
+    assert not missing, f"missing accelerate configs: {sorted(missing)}"
+    assert DS_JSON.is_file(), "missing accelerate_configs/deepspeed_config.json"
+    assert (CONFIG_DIR / "README.md").is_file()
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=[p.name for p in YAML_FILES])
+def test_config_parses_and_matches_its_name(path: Path):
+    assert path.name in EXPECTED, f"{path.name} has no expectations in this test; add it to EXPECTED"
+    exp = EXPECTED[path.name]
+
+    cfg = load_config_from_file(str(path))
+    assert isinstance(cfg, ClusterConfig)
+    assert cfg.distributed_type == exp["distributed_type"]
+    assert cfg.num_processes == exp["num_processes"]
+    assert cfg.mixed_precision == exp["mixed_precision"]
+    assert cfg.use_cpu is exp["use_cpu"]
+    assert cfg.num_machines == exp.get("num_machines", 1)
+    assert cfg.machine_rank == 0
+    if "gpu_ids" in exp:
+        assert str(cfg.gpu_ids) == exp["gpu_ids"]
+
+    # Cross-check against the file name itself, not only against the table above.
+    stem = path.stem
+    assert ("multinode" in stem) == (cfg.num_machines > 1)
+    if "zero" in stem and stem != "zero_file":
+        assert cfg.distributed_type == DistributedType.DEEPSPEED
+        ds = cfg.deepspeed_config
+        assert ds["zero_stage"] == int(stem.split("zero")[1][0]) == exp["zero_stage"]
+        assert ds["offload_optimizer_device"] == exp["offload_optimizer_device"]
+        assert ds["offload_param_device"] == exp["offload_param_device"]
+        assert (ds["offload_optimizer_device"] == "cpu") == ("offload" in stem)
+        assert ds["gradient_accumulation_steps"] == 1
+        # Clipping is the training config's (--max-grad-norm); a value here would be overridden.
+        assert "gradient_clipping" not in ds
+        assert ds["zero3_init_flag"] is False
+        if ds["zero_stage"] == 3:
+            assert ds["zero3_save_16bit_model"] is True
+    elif stem == "zero_file":
+        ds = cfg.deepspeed_config
+        assert ds["deepspeed_config_file"] == exp["deepspeed_config_file"]
+        assert (REPO_ROOT / ds["deepspeed_config_file"]).is_file()
+        assert not FORBIDDEN_WITH_DS_FILE & set(ds), "accelerate raises on these next to deepspeed_config_file"
+    else:
+        assert cfg.deepspeed_config == {}
+        assert cfg.use_cpu == ("cpu" in stem)  # cpu / multi_cpu run on CPU, the rest on GPUs
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=[p.name for p in YAML_FILES])
+def test_config_is_in_wizard_shape(path: Path):
+    """Exactly what ClusterConfig.to_yaml_file (i.e. `accelerate config`) would write back."""
+    raw = yaml.safe_load(path.read_text())
+    assert WIZARD_KEYS <= set(raw), f"missing wizard keys: {sorted(WIZARD_KEYS - set(raw))}"
+    assert raw["compute_environment"] == "LOCAL_MACHINE"
+    assert load_config_from_file(str(path)).to_dict() == raw
+
+
+def _resolve_launch_args(config: Path, *extra: str):
+    """What `accelerate launch --config_file CONFIG [extra] script.py` resolves, without launching."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(["--config_file", str(config), *extra, "script.py"])
+    return _validate_launch_command(args)
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=[p.name for p in YAML_FILES])
+def test_launcher_reads_config(path: Path, clean_accelerate_env):
+    exp = EXPECTED[path.name]
+    args, _, _ = _resolve_launch_args(path)
+    assert args.num_processes == exp["num_processes"]
+    assert args.num_machines == exp.get("num_machines", 1)
+    assert args.mixed_precision == (exp["mixed_precision"] or "no")
+    assert args.use_deepspeed == (exp["distributed_type"] == DistributedType.DEEPSPEED)
+    # MULTI_GPU (incl. multi_cpu.yaml) and DEEPSPEED go through torchrun; NO through the simple launcher.
+    assert args.multi_gpu == (exp["distributed_type"] == DistributedType.MULTI_GPU)
+
+
+@pytest.mark.parametrize("name", ["zero2.yaml", "zero3_offload.yaml", "multi_gpu.yaml", "multi_cpu.yaml"])
+def test_command_line_overrides_config(name: str, clean_accelerate_env):
+    """--mixed_precision / --num_processes on the command line win over the YAML (the CPU recipe)."""
+    args, _, mp_from_config = _resolve_launch_args(
+        CONFIG_DIR / name, "--mixed_precision", "no", "--num_processes", "1"
+    )
+    assert args.mixed_precision == "no"
+    assert args.num_processes == 1
+    assert mp_from_config is False
+    # Without the flags the YAML values are used.
+    args, _, mp_from_config = _resolve_launch_args(CONFIG_DIR / name)
+    assert args.num_processes == EXPECTED[name]["num_processes"]
+    assert args.mixed_precision == EXPECTED[name]["mixed_precision"]
+    assert mp_from_config is True
+
+
+def test_deepspeed_json_template():
+    cfg = json.loads(DS_JSON.read_text())
+    for key in ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps",
+                "gradient_clipping"):
+        assert cfg[key] == "auto", key
+    assert cfg["fp16"]["enabled"] == "auto"
+    assert cfg["bf16"]["enabled"] == "auto"
+    zero = cfg["zero_optimization"]
+    assert zero["stage"] == 2
+    assert zero["reduce_bucket_size"] > 0 and zero["allgather_bucket_size"] > 0
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "fp16", "bf16"])
+def test_deepspeed_plugin_accepts_json_template(mixed_precision: str, clean_accelerate_env):
+    plugin = DeepSpeedPlugin(hf_ds_config=str(DS_JSON))
+    assert plugin.zero_stage == 2
+    assert plugin.hf_ds_config.is_zero2()
+    assert plugin.offload_optimizer_device in (None, "none")
+    plugin.set_mixed_precision(mixed_precision)  # fills the "auto" precision flags
+    assert plugin.deepspeed_config["fp16"]["enabled"] is (mixed_precision == "fp16")
+    assert plugin.deepspeed_config["bf16"]["enabled"] is (mixed_precision == "bf16")
+
+
+def test_zero_file_yaml_is_accepted_by_deepspeed_plugin(clean_accelerate_env):
+    """Replay what a launched process does with zero_file.yaml: the launcher exports the YAML's
+    deepspeed_config keys (and mixed_precision if the YAML set it) as ACCELERATE_CONFIG_DS_FIELDS,
+    and DeepSpeedPlugin raises if any of them conflicts with deepspeed_config_file."""
+    args, defaults, mp_from_config = _resolve_launch_args(CONFIG_DIR / "zero_file.yaml")
+    fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+    clean_accelerate_env.setenv("ACCELERATE_CONFIG_DS_FIELDS", ",".join(fields))
+    plugin = DeepSpeedPlugin(hf_ds_config=args.deepspeed_config_file)
+    assert plugin.zero_stage == 2
+
+    # Control: the check is real - a forbidden key next to the JSON file makes accelerate raise.
+    clean_accelerate_env.setenv("ACCELERATE_CONFIG_DS_FIELDS", ",".join(fields + ["zero_stage"]))
+    with pytest.raises(ValueError, match="deepspeed_config_file"):
+        DeepSpeedPlugin(hf_ds_config=args.deepspeed_config_file)
+
+
+# --------------------------------------------------------------------------- launches
+
+def _accelerate_bin() -> str:
+    exe = Path(sys.executable).with_name("accelerate")
+    return str(exe) if exe.exists() else (shutil.which("accelerate") or "accelerate")
+
+
+def _launch_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    env.update(extra)
+    return env
+
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch
+    from accelerate import Accelerator
+    use_cpu_arg = sys.argv[2] == "cpu"
+    acc = Accelerator(cpu=True) if use_cpu_arg else Accelerator()
+    rank, world = acc.process_index, acc.num_processes
+    out = os.path.join(sys.argv[1], f"pid{os.getpid()}.txt")
+    with open(out, "w") as f:
+        f.write(f"{rank} {world} {acc.distributed_type.value}")
+    """
+)
+
+
+def _launch_rank_script(tmp_path: Path, config: Path, mode: str, env: dict[str, str]) -> list[str]:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [_accelerate_bin(), "launch", "--config_file", str(config), "--main_process_port", "0",
+           str(script), str(out), mode]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return sorted(p.read_text() for p in out.glob("pid*.txt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mode,extra_env",
+    [("cpu", {}), ("plain", {"ACCELERATE_USE_CPU": "true"})],
+    ids=["script-passes-cpu=True", "env-ACCELERATE_USE_CPU"],
+)
+def test_multi_cpu_yaml_starts_two_cpu_processes(tmp_path, mode, extra_env):
+    results = _launch_rank_script(tmp_path, CONFIG_DIR / "multi_cpu.yaml", mode, _launch_env(**extra_env))
+    assert results == ["0 2 MULTI_CPU", "1 2 MULTI_CPU"]
+
+
+@pytest.mark.slow
+def test_multi_cpu_yaml_caveats(tmp_path):
+    """Pins the accelerate 1.15 behaviour that shaped multi_cpu.yaml (see its header comment).
+    If this fails after an accelerate upgrade, re-check the comment and the README."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("caveats are about CPU-only machines")
+    env = _launch_env()
+    # 1. A plain Accelerator() under the torchrun path, without ACCELERATE_USE_CPU: two processes
+    #    start, but each falls back to a non-distributed world of size 1.
+    (tmp_path / "a").mkdir()
+    results = _launch_rank_script(tmp_path / "a", CONFIG_DIR / "multi_cpu.yaml", "plain", env)
+    assert results == ["0 1 NO", "0 1 NO"]
+    # 2. The "obvious" MULTI_CPU shape starts only one process (no mpirun hostfile configured).
+    obvious = tmp_path / "obvious_multi_cpu.yaml"
+    raw = yaml.safe_load((CONFIG_DIR / "multi_cpu.yaml").read_text())
+    raw["distributed_type"] = "MULTI_CPU"
+    obvious.write_text(yaml.safe_dump(raw))
+    (tmp_path / "b").mkdir()
+    results = _launch_rank_script(tmp_path / "b", obvious, "cpu", env)
+    assert results == ["0 1 NO"]
