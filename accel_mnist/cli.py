@@ -7,6 +7,8 @@ Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback
 from __future__ import annotations
 
 import argparse
+import importlib
+import logging
 import sys
 from dataclasses import MISSING, fields
 from typing import Any, Sequence, get_type_hints
@@ -46,8 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train and evaluate a model")
     train.add_argument("--config", help="YAML or JSON file of training-config keys")
-    train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     _add_config_flags(train)
+    train.set_defaults(handler=_train)
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(f".{module}", __package__).register(sub)
+    for command in sub.choices.values():  # --debug is accepted after the subcommand too
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -63,14 +69,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    # Libraries stay at warnings (Accelerate logs every file it saves at info) unless debugging.
+    level = config.log_level.upper()
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=min(logging.WARNING, getattr(logging, level)) if level == "DEBUG" else logging.WARNING)
+    logging.getLogger("accel_mnist").setLevel(level)
     from .loop import train  # deferred: argument errors should not wait for torch and accelerate
 
-    config = config_from_args(args)
     train(config)
     return 0
 
 
-COMMANDS = {"train": _train}
+# Modules that add their own subcommands through `register(subparsers)`.
+SUBCOMMAND_MODULES = ("predict", "report")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return args.handler(args)
     except UsageError as e:
         if args.debug:
             raise

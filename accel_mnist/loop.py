@@ -177,6 +177,9 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     }  # fmt: skip
     outputs.write_results(results)
     accelerator.wait_for_everyone()
+    # Releasing the prepared objects first: a gloo worker still holding its DDP model at
+    # interpreter exit sometimes aborts ("terminate called without an active exception").
+    accelerator.free_memory(model, optimizer, train_loader, test_loader, scheduler)
     accelerator.end_training()
     return results
 

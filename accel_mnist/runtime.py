@@ -52,6 +52,8 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
         # them num_processes times per step under DDP but once under DeepSpeed.
         step_scheduler_with_optimizer=False,
         kwargs_handlers=handlers,
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_dir=config.output_dir,
         **kwargs,
     )
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
