@@ -1,0 +1,147 @@
+"""Two "machines" on localhost: one `accelerate launch --num_machines 2 --machine_rank R` each.
+
+Each machine runs one process (--num_processes is the total, 2), so the world is the same as a
+single-machine 2-process run, and the metrics must be the same too. This is what
+examples/slurm_multinode.sbatch does on a real cluster, one launch per node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
+
+TRAIN_ARGS = ["--model", "linear", "--batch-size", "32", "--max-steps", "20", "--eval-every", "10",
+              "--eval-batch-size", "2500", "--no-download"]  # fmt: skip
+MULTINODE = {
+    "ddp": ["--config_file", str(CONFIGS / "multinode_ddp.yaml"), "--mixed_precision", "no"],
+    "zero2": ["--config_file", str(CONFIGS / "multinode_zero2.yaml"), "--mixed_precision", "no"],
+}
+# The reference: one machine, 2 processes, DDP. ZeRO-2 is compared with it too: with two ranks
+# its reduce-scatter averages the same two fp32 gradients as DDP's all-reduce ((a + b) / 2 and
+# a / 2 + b / 2 are the same float), so the runs agree to the last digit (seen: identical rows),
+# and a second single-machine launch (~30 s here) would only repeat test_distributed.py.
+SINGLE_MACHINE = ["--config_file", str(CONFIGS / "multi_cpu.yaml")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def machine_args(rank: int, port: int) -> list[str]:
+    return ["--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",
+            "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]  # fmt: skip
+
+
+def _resolve(config: str, *extra: str):
+    """The torchrun arguments `accelerate launch` would use, without launching."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", config, *extra, "script.py"])
+    args, _, _ = _validate_launch_command(args)
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ""  # launch_command sets it before this call
+        cmd, _ = prepare_deepspeed_cmd_env(args)
+        assert cmd is None  # "standard": torchrun on every machine, not the pdsh `deepspeed` command
+    else:
+        prepare_multi_gpu_env(args)
+    return args
+
+
+@pytest.mark.parametrize("name", sorted(MULTINODE))
+def test_launcher_resolves_a_static_two_node_rendezvous(name, monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("ACCELERATE_"):
+            monkeypatch.delenv(key)
+    config = MULTINODE[name][1]
+    port = free_port()
+    for rank in (0, 1):
+        args = _resolve(config, *machine_args(rank, port), "--mixed_precision", "no")
+        assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", rank, "1")
+        assert args.rdzv_backend == "static"
+        # accelerate 1.15 never reads `same_network: true` from the file (`--same_network` is a
+        # store_true flag defaulting to False, and file values fill only None arguments), so the
+        # launch takes the other branch: torchrun --rdzv_endpoint IP:PORT. With the static backend
+        # that is the same rendezvous as --master_addr/--master_port (torch's get_rdzv_endpoint).
+        assert args.same_network is False and args.rdzv_endpoint == f"127.0.0.1:{port}"
+        assert not hasattr(args, "master_addr")
+        args = _resolve(config, *machine_args(rank, port), "--mixed_precision", "no", "--same_network")
+        assert (args.master_addr, args.master_port) == ("127.0.0.1", str(port))
+    # Without the flags the file's placeholders are used: 16 processes, 8 per machine. (Rank 1:
+    # only machine 0 checks that the port is free, and 29500 may be busy here.)
+    args = _resolve(config, "--mixed_precision", "no", "--machine_rank", "1")
+    assert (args.num_machines, args.num_processes, args.nproc_per_node) == (2, 16, "8")
+    assert (args.main_process_ip, args.main_process_port) == ("MAIN_NODE_IP", 29500)
+
+
+def launch_two_machines(launch_args, out_dirs, timeout=300):
+    """Start machine 0 and machine 1 together; each writes to its own output directory."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
+    port = free_port()
+    procs = []
+    for rank, out in enumerate(out_dirs):
+        cmd = [str(accelerate), "launch", *launch_args, *machine_args(rank, port), "-m", "accel_mnist", "train",
+               *TRAIN_ARGS, "--output-dir", str(out), "--quiet"]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO))
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+            results.append((proc.returncode, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
+    run_dir = tmp_path_factory.mktemp("one_machine")
+    proc, results = accelerate_launch(SINGLE_MACHINE, TRAIN_ARGS, run_dir, timeout=300)
+    assert proc.returncode == 0, f"one-machine DDP failed:\n{proc.stderr[-4000:]}"
+    assert (results["distributed_type"], results["num_processes"]) == ("MULTI_CPU", 2)
+    return read_rows(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, distributed_type, zero_stage", [("ddp", "MULTI_CPU", 0), ("zero2", "DEEPSPEED", 2)])
+def test_two_machines_match_one_machine(reference, tmp_path, name, distributed_type, zero_stage):
+    machine0, machine1 = tmp_path / "machine0", tmp_path / "machine1"
+    for rank, (code, err) in enumerate(launch_two_machines(MULTINODE[name], [machine0, machine1])):
+        assert code == 0, f"machine {rank} failed:\n{err[-4000:]}"
+    results = json.loads((machine0 / "results.json").read_text())
+    assert (results["distributed_type"], results["num_processes"], results["zero_stage"]) == (
+        distributed_type, 2, zero_stage)  # fmt: skip
+    assert results["mixed_precision"] == "no" and results["steps"] == 20
+    # Only the global main process (rank 0, on machine 0) writes the run's files; machine 1's
+    # process is its machine's local main but writes none of them.
+    written = {p.name for p in machine1.rglob("*")} if machine1.exists() else set()
+    assert not written & {"config.json", "metrics.jsonl", "results.json"}, written
+    rows, ref = read_rows(machine0), reference
+    assert [r["step"] for r in rows] == [r["step"] for r in ref] == [10, 20]
+    for row, ref_row in zip(rows, ref):
+        assert row["test_samples"] == ref_row["test_samples"] == 10000
+        assert row["test_accuracy"] == ref_row["test_accuracy"]
+        for key in ("train_loss", "test_loss", "lr"):
+            assert row[key] == pytest.approx(ref_row[key], rel=1e-6), key
