@@ -39,6 +39,13 @@ def _mnist_dict(n_train=None, n_test=None) -> tuple[DatasetDict, dict[str, tuple
     return dd, source
 
 
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path, monkeypatch):
+    """datasets' cache in tmp: loading a parquet folder writes Arrow files there."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    return tmp_path / "hf_cache"
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """2000 train / 500 test real MNIST images, saved with save_to_disk and as parquet files."""
@@ -59,10 +66,12 @@ def _assert_same(loaded, source):
 
 
 @pytest.mark.parametrize("layout", ["saved", "parquet"])
-def test_loads_save_to_disk_and_parquet_folders(small, layout):
+def test_loads_save_to_disk_and_parquet_folders(small, layout, datasets_cache):
     root, source = small
     train_set, test_set = load_datasets(f"hf:{root / layout}", data_dir=None)
     _assert_same((train_set, test_set), source)
+    # parquet goes through datasets' builder and its (here temporary) cache; save_to_disk is read in place.
+    assert datasets_cache.exists() == (layout == "parquet")
     mean, std = pixel_mean_std(source["train"][0])
     assert (train_set.mean, train_set.std) == (test_set.mean, test_set.std) == (mean, std)
     image, label = train_set[0]

@@ -125,3 +125,15 @@ def test_report_errors_name_the_directory(tmp_path, setup, message):
         _cli(["report", str(good), str(bad)])
     assert str(info.value) == message.format(p=bad)
     assert not (good / CURVES_FILE).exists()  # nothing drawn before every directory was checked
+
+
+def test_through_the_accel_mnist_cli(tmp_path, capsys):
+    from accel_mnist.cli import EXIT_USAGE, main
+
+    run = make_run(tmp_path / "run")
+    assert main(["report", str(run)]) == 0
+    assert "MULTI_CPU, 2 proc" in capsys.readouterr().out
+    assert_png(run / CURVES_FILE)
+    assert_png(run / CONFUSION_FILE)
+    assert main(["report", str(tmp_path / "missing")]) == EXIT_USAGE
+    assert capsys.readouterr().err == f"error: run directory {tmp_path / 'missing'} does not exist\n"
