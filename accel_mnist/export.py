@@ -1,0 +1,365 @@
+"""Exported models: full fp32 weights in safetensors plus a small JSON config.
+
+An export is a directory holding `model.safetensors` and `model_config.json`. It is made from
+a live run (`full_state_dict` + `save_exported`) or from a checkpoint that
+`accelerator.save_state` wrote (`export_from_checkpoint`), under any strategy, and it loads
+with `load_model` in a plain process: no Accelerate, no DeepSpeed, and no pickle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from .errors import UsageError
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "model_config.json"
+TRAINER_STATE_FILE = "trainer_state.json"
+FORMAT_VERSION = 1
+# What accelerate 1.15's save_state writes for the first prepared model: SAFE_WEIGHTS_NAME
+# (pytorch_model.bin only with safe_serialization=False, which this project never asks for)
+# or, under DeepSpeed, the engine's own checkpoint under the tag MODEL_NAME, "pytorch_model".
+ACCELERATE_WEIGHTS = "model.safetensors"
+DEEPSPEED_TAG = "pytorch_model"
+
+
+def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tensor]:
+    """A snapshot of the full fp32 CPU weights of a prepared model, keyed as the user's module.
+
+    Call it on every process: under ZeRO-3 it gathers the shards, a collective operation.
+    """
+    from accelerate.utils import DistributedType
+
+    module = accelerator.unwrap_model(model, keep_torch_compile=False)
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        return _deepspeed_state_dict(module)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        # Untested here (no FSDP config in this project): FSDP's full state dict is gathered
+        # onto the main process only, so the other processes get an empty dict.
+        return _fp32_cpu(accelerator.get_state_dict(model))
+    return _fp32_cpu(module.state_dict())
+
+
+def _deepspeed_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    # Under fp16/bf16 the module's parameters are half precision; the fp32 master weights live,
+    # partitioned, in the ZeRO optimizer. safe_get_full_fp32_param assembles one parameter from
+    # them (an all-reduce in stages 1-2, an all-gather in stage 3) and returns None where there
+    # is none: a frozen parameter, or a model prepared without an optimizer.
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    full: dict[int, torch.Tensor] = {}
+    params = dict(module.named_parameters(remove_duplicate=False))
+    for param in params.values():  # the same order on every rank, as collectives need
+        if id(param) in full:
+            continue  # tied weights: one collective per tensor
+        value = None
+        if hasattr(param, "_hp_mapping") or getattr(param, "_z3_optimizer", None) is not None:
+            value = safe_get_full_fp32_param(param)
+        if value is None:
+            # Stage 3 keeps even these partitioned; gathering is a no-op in stages 0-2.
+            with deepspeed.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
+                value = param.data.detach().clone()
+        full[id(param)] = value.detach().to("cpu", torch.float32)
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    state: dict[str, torch.Tensor] = {}
+    # The keys of state_dict(): parameters and persistent buffers, tied names included.
+    for key in module.state_dict().keys():
+        if key in params:
+            state[key] = full[id(params[key])]
+        elif key in buffers:
+            state[key] = _fp32_cpu({key: buffers[key]})[key]
+    return state
+
+
+def _fp32_cpu(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    # Clone: the snapshot must not change as training goes on, nor share memory between tied
+    # names (safetensors refuses shared tensors). Integer buffers keep their type.
+    out = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue  # get_extra_state() objects have no place in safetensors
+        dtype = torch.float32 if value.is_floating_point() else value.dtype
+        out[key] = value.detach().to("cpu", dtype, copy=True)
+    return out
+
+
+def save_exported(
+    state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike, *,
+    model_name: str, dataset: str, extra: dict[str, Any] | None = None,
+) -> Path:  # fmt: skip
+    """Write `out_dir/model.safetensors` and `out_dir/model_config.json` (main process only).
+
+    A new directory appears whole or not at all. An existing one has its two files replaced one
+    after the other; the config names the weights' sha256, so that `load_model` refuses the pair
+    a crash between the two would leave.
+    """
+    from safetensors.torch import save_file
+
+    from .data import DATASETS
+
+    extra = dict(extra or {})
+    if dataset in DATASETS:
+        spec = DATASETS[dataset]
+    elif dataset.startswith("hf:"):
+        spec = DATASETS["mnist"]  # Hugging Face copies of MNIST; extra may give other constants
+    else:
+        raise UsageError(f"cannot export: unknown dataset {dataset!r} (choose one of: {', '.join(DATASETS)}, hf:NAME)")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    out_dir = Path(out_dir)
+    # Beside the target, so that the final rename stays on one file system; made with mkdir
+    # rather than mkdtemp, whose mode 0700 the export would keep.
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
+    try:
+        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+        config = {
+            "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
+            "mean": spec.mean, "std": spec.std, "format_version": FORMAT_VERSION,
+            "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
+        }  # fmt: skip
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for name in (WEIGHTS_FILE, CONFIG_FILE):
+            _fsync(tmp / name)
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            # Other files may share the directory (a run's results, say): replace only ours,
+            # the weights first, since the config is what vouches for them.
+            for name in (WEIGHTS_FILE, CONFIG_FILE):
+                os.replace(tmp / name, out_dir / name)
+        else:
+            os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
+    except OSError as e:
+        raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def export_from_checkpoint(
+    checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *, trust_checkpoint: bool = False
+) -> Path:
+    """Export the model of a checkpoint that `accelerator.save_state` wrote, with its trainer_state.json.
+
+    DeepSpeed shards are pickles: they are read with torch's restricted unpickler and the few
+    DeepSpeed types they hold, unless `trust_checkpoint` lets DeepSpeed unpickle anything.
+    """
+    ckpt = Path(checkpoint_dir)
+    if not ckpt.is_dir():
+        raise UsageError(f"{ckpt}: no such checkpoint directory")
+    state = _read_json(ckpt / TRAINER_STATE_FILE, "checkpoint state (written with the checkpoint)")
+    config = state.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("dataset"), str):
+        raise UsageError(f"{ckpt / TRAINER_STATE_FILE}: no training config with a dataset (key 'config')")
+    # A user-defined model is trained under a registry name in the config; the checkpoint
+    # writer records the class name at the top level.
+    model_name = state.get("model") or config.get("model")
+    if not isinstance(model_name, str):
+        raise UsageError(f"{ckpt / TRAINER_STATE_FILE}: no model name")
+
+    if (ckpt / DEEPSPEED_TAG).is_dir():
+        weights = _deepspeed_checkpoint_weights(ckpt, trust_checkpoint)
+    elif (ckpt / ACCELERATE_WEIGHTS).is_file():
+        weights = _read_safetensors(ckpt / ACCELERATE_WEIGHTS)
+    else:
+        raise UsageError(
+            f"{ckpt}: incomplete checkpoint: no {ACCELERATE_WEIGHTS} (accelerator.save_state) "
+            f"and no {DEEPSPEED_TAG}/ (DeepSpeed)"
+        )
+    weights = _fp32_cpu(_strip_wrapper_prefixes(weights))
+    from .models import MODELS
+
+    if model_name in MODELS:  # fail now, not at load time, if the name does not fit the weights
+        _check_fits(MODELS[model_name](), weights, f"{ckpt}: the checkpoint's weights", model_name)
+    extra = {"step": state.get("step")}
+    for key in ("mean", "std"):  # a run on other data may record its own constants
+        if key in state:
+            extra[key] = state[key]
+    return save_exported(weights, out_dir, model_name=model_name, dataset=config["dataset"], extra=extra)
+
+
+def _deepspeed_checkpoint_weights(ckpt: Path, trust: bool) -> dict[str, torch.Tensor]:
+    """Consolidate the fp32 master weights from the ZeRO shards under `ckpt/pytorch_model/`."""
+    shard_dir = ckpt / DEEPSPEED_TAG
+    for pattern in ("*_model_states.pt", "*_optim_states.pt"):
+        if not any(shard_dir.glob(pattern)):
+            raise UsageError(f"{shard_dir}: incomplete DeepSpeed checkpoint: no {pattern} files")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # DeepSpeed's loader unpickles every *_model_states.pt and *_optim_states.pt there with
+    # torch.load(weights_only=False), and unpickling may run any code a file names. Besides
+    # tensors and plain containers they hold four DeepSpeed types (seen with 0.19.8, fp32 and
+    # bf16, stages 1-3; DynamicLossScaler under fp16): so unless told to trust the checkpoint,
+    # force torch's restricted unpickler on those loads and allow those types alone.
+    try:
+        with _quiet(), (contextlib.nullcontext() if trust else _weights_only_loads()):
+            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DEEPSPEED_TAG)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
+        what = found.group(1) if found else _one_line(e)
+        raise UsageError(
+            f"{shard_dir}: holds a pickled {what}, which is not unpickled unless you trust the checkpoint "
+            "(--trust-checkpoint)"
+        ) from None
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise UsageError(f"{shard_dir}: incomplete or unreadable DeepSpeed checkpoint: {_one_line(e)}") from None
+
+
+@contextlib.contextmanager
+def _weights_only_loads() -> Iterator[None]:
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    # torch.load reads these variables at every call, and the first overrides an explicit
+    # weights_only=False; the second would contradict it.
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]):
+            yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # DeepSpeed prints progress (stdout) and a progress bar (stderr); the CLI's output is ours.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def _strip_wrapper_prefixes(state: dict[str, Any]) -> dict[str, Any]:
+    # save_state keeps the model from before DDP wrapped it, so keys come unprefixed; this is
+    # for weights saved from a wrapper ("module." of DDP, "_orig_mod." of torch.compile).
+    for prefix in ("module.", "_orig_mod."):
+        while state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Module:
+    """The exported model in `path`, on CPU in eval mode; weights are read with safetensors only.
+
+    `model` is required for a user-defined model (one not in the registry) and gets the weights.
+    """
+    from .models import MODELS
+
+    path = Path(path)
+    if not path.is_dir():
+        raise UsageError(f"{path}: no such exported model directory")
+    config = read_export_config(path)
+    name = config["model"]
+    if model is None:
+        if name not in MODELS:
+            raise UsageError(
+                f"{path / CONFIG_FILE}: model {name!r} is not in the registry ({', '.join(MODELS)}); "
+                "pass the module: load_model(path, model=...)"
+            )
+        model = MODELS[name]()
+    weights_file = path / WEIGHTS_FILE
+    if not weights_file.is_file():
+        raise UsageError(f"{weights_file}: missing (an export holds {WEIGHTS_FILE} and {CONFIG_FILE})")
+    expected = config.get("weights_sha256")
+    if expected is not None and _sha256(weights_file) != expected:
+        raise UsageError(
+            f"{weights_file}: does not match the sha256 in {CONFIG_FILE} (changed, or an interrupted export)"
+        )
+    weights = _read_safetensors(weights_file)
+    model = model.to("cpu")
+    _check_fits(model, weights, f"{weights_file}: the weights", name)
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as e:
+        raise UsageError(f"{weights_file}: does not fit model {name!r}: {_one_line(e)}") from None
+    return model.eval()
+
+
+def read_export_config(path: str | os.PathLike) -> dict[str, Any]:
+    """model_config.json of the export in `path`, checked for the keys that loading needs."""
+    config = _read_json(Path(path) / CONFIG_FILE, "not an exported model directory")
+    file = Path(path) / CONFIG_FILE
+    if config.get("format_version") != FORMAT_VERSION:
+        version = config.get("format_version")
+        raise UsageError(f"{file}: format_version {version!r}; this version of accel_mnist reads {FORMAT_VERSION}")
+    for key, kind in (("model", str), ("dataset", str), ("mean", (int, float)), ("std", (int, float))):
+        if not isinstance(config.get(key), kind) or isinstance(config.get(key), bool):
+            raise UsageError(f"{file}: missing or invalid {key!r}")
+    return config
+
+
+def _read_json(file: Path, what: str) -> dict[str, Any]:
+    if not file.is_file():
+        raise UsageError(f"{file}: missing ({what})")
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{file}: not valid JSON: {_one_line(e)}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    # load_file parses a JSON header and copies raw bytes: nothing in the file is executed.
+    try:
+        return load_file(file, device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UsageError(f"{file}: not a valid safetensors file ({_one_line(e)})") from None
+
+
+def _check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, name: str) -> None:
+    """One-line UsageError unless `weights` has exactly the keys and shapes of `model`."""
+    wanted = model.state_dict()
+    problems = []
+    missing = [k for k in wanted if k not in weights]
+    unexpected = [k for k in weights if k not in wanted]
+    if missing:
+        problems.append("missing " + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+    if unexpected:
+        problems.append("unexpected " + ", ".join(unexpected[:5]) + (" ..." if len(unexpected) > 5 else ""))
+    for key in wanted:
+        if key in weights and weights[key].shape != wanted[key].shape:
+            problems.append(f"{key} has shape {tuple(weights[key].shape)}, the model {tuple(wanted[key].shape)}")
+            break
+    if problems:
+        raise UsageError(f"{where} do not fit model {name!r}: {'; '.join(problems)}")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
