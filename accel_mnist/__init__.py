@@ -6,8 +6,12 @@
 
 from .config import TrainConfig
 from .errors import ConfigError, DataError, UsageError
+from .export import load_model
 from .loop import evaluate, train
 from .models import MODELS, build_model
 
-__all__ = ["TrainConfig", "train", "evaluate", "build_model", "MODELS", "UsageError", "ConfigError", "DataError"]
+__all__ = [
+    "TrainConfig", "train", "evaluate", "load_model", "build_model", "MODELS",
+    "UsageError", "ConfigError", "DataError",
+]  # fmt: skip
 __version__ = "0.1.0"

@@ -42,6 +42,11 @@ class TrainState:
     skipped_steps: int = 0
     strategy: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    # What `accel-mnist export` needs to rebuild the model: the registry name (or the class
+    # name of a user's module) and the normalisation the model was trained with.
+    model: str = ""
+    mean: float = 0.0
+    std: float = 1.0
 
 
 def checkpoint_dir(output_dir: str | Path) -> Path:

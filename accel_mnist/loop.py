@@ -53,6 +53,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     model_name = config.model if model is None else type(model).__name__
     model = build_model(config.model) if model is None else model
     n_params = num_parameters(model)
+    state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
     train_loader, test_loader, generator = build_dataloaders(train_set, test_set, config)
     batches = batches_per_process(len(train_set), config.batch_size, accelerator.num_processes)
     steps_per_epoch = math.ceil(batches / config.grad_accum)
@@ -164,7 +165,8 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
 
         weights = full_state_dict(accelerator, model)  # all ranks: ZeRO-3 gathers the shards
         if accelerator.is_main_process:
-            save_exported(weights, outputs.dir, model_name=model_name, dataset=config.dataset)
+            save_exported(weights, outputs.dir, model_name=model_name, dataset=config.dataset,
+                          extra={"mean": state.mean, "std": state.std, "step": state.step})  # fmt: skip
 
     results = {
         **{k: v for k, v in metrics.items() if k not in ("epoch", "step")},
@@ -176,6 +178,10 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
         **strategy, "confusion_matrix": confusion_matrix, "versions": versions(),
     }  # fmt: skip
     outputs.write_results(results)
+    if accelerator.is_main_process:
+        from .report import write_report  # imports matplotlib only now
+
+        write_report(outputs.dir)
     accelerator.wait_for_everyone()
     # Releasing the prepared objects first: a gloo worker still holding its DDP model at
     # interpreter exit sometimes aborts ("terminate called without an active exception").

@@ -8,6 +8,7 @@ accumulation, clipping), so that the training loop never has to ask which strate
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +30,9 @@ def _env_flag(name: str) -> bool:
 def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     """An Accelerator for `config`, with the strategy taken from the accelerate config/env."""
     use_deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
+    # DeepSpeed calls a torch collective that torch has deprecated, and torch warns on every
+    # call: under ZeRO-3 that is several lines per step, drowning everything else.
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
     handlers = list(kwargs.pop("kwargs_handlers", []))
     if use_deepspeed and _env_flag("ACCELERATE_USE_CPU"):
         # Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.

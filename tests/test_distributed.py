@@ -16,10 +16,12 @@ pytestmark = pytest.mark.slow
 
 # Accumulation, clipping and a schedule are on, so that a strategy which ignored any of
 # them (DeepSpeed keeps its own copies of all three) would not match.
+# mlp, because ZeRO-3 keeps parameters under 1e5 elements whole on every rank (its
+# persistence threshold): mlp's 784x512 layer is really partitioned, lenet5's layers are not.
 TRAIN_ARGS = [
-    "--model", "lenet5", "--batch-size", "32", "--grad-accum", "2", "--max-grad-norm", "0.5",
+    "--model", "mlp", "--batch-size", "32", "--grad-accum", "2", "--max-grad-norm", "0.5",
     "--scheduler", "onecycle", "--lr", "2e-3", "--max-steps", "30", "--eval-every", "15",
-    "--eval-batch-size", "333", "--no-download",
+    "--eval-batch-size", "333", "--no-download", "--no-export", "--no-save-checkpoints",
 ]  # fmt: skip
 STRATEGIES = {
     "ddp": ["--config_file", str(CONFIGS / "multi_cpu.yaml")],
@@ -62,7 +64,7 @@ def test_zero_matches_ddp(runs, name):
         assert row["step"] == ddp_row["step"]
         assert row["lr"] == pytest.approx(ddp_row["lr"], rel=1e-6)
         for key in ("train_loss", "test_loss"):
-            # Rounding differs (reduce-scatter vs all-reduce), and training amplifies it: seen
-            # about 1e-7 after 20 steps and 4e-4 after 40 at a higher learning rate.
-            assert row[key] == pytest.approx(ddp_row[key], rel=1e-4), key
+            # Rounding differs (DDP's bucketed all-reduce vs DeepSpeed's reductions) and training
+            # amplifies it: ZeRO-1/2/3 agree with each other to 1e-8, with DDP to 7e-5 here.
+            assert row[key] == pytest.approx(ddp_row[key], rel=2e-4), key
         assert row["test_accuracy"] == pytest.approx(ddp_row["test_accuracy"], abs=1e-3)
