@@ -110,6 +110,11 @@ class DeviceLoader:
         self.drop_last = drop_last
         self.torch_order = torch_order
         self.register_with_accelerate = register_with_accelerate and GradientState is not None
+        # 0-dim tensors on the device, not Python scalars: CUDA divides by a CPU scalar as a
+        # multiplication by its reciprocal (1 ulp off); by a device tensor it divides exactly,
+        # so the batches equal ImageTensorDataset's bit for bit on every device.
+        self._consts = tuple(torch.tensor(v, dtype=torch.float32, device=self.device)
+                             for v in (255.0, self.mean, self.std))  # fmt: skip
         self.epoch = 0
         self.position = 0  # batches of the current epoch already yielded
         self._skip = 0  # one-shot: batches to skip at the start of the next iteration
@@ -199,7 +204,8 @@ class DeviceLoader:
 
     def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Same float32 ops, in the same order, as ImageTensorDataset.__getitem__: equal values.
-        x = self.images[idx].to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std)
+        c255, mean, std = self._consts
+        x = self.images[idx].to(torch.float32).div_(c255).sub_(mean).div_(std)
         return x.unsqueeze(1), self.labels[idx]
 
     def _index_matrix(self) -> tuple[torch.Tensor, list[int]]:
@@ -246,15 +252,23 @@ class DeviceLoader:
         """Disjoint shards for evaluation: every sample exactly once over all processes.
 
         Contiguous equal-as-possible slices of the order (process r gets
-        `order[r*N//P:(r+1)*N//P]`), cut into batches of `batch_size`; processes may get
-        different numbers of batches, so do NOT call collectives (gather) per batch: accumulate
-        sums locally and combine them with one `accelerator.reduce(t, "sum")` afterwards.
+        `order[r*N//P:(r+1)*N//P]`), cut into batches of `batch_size`. Every process yields
+        the same number of batches (`eval_batches()`); a process whose slice runs out first
+        yields empty (0-row) batches, so that forward passes that communicate (ZeRO-3 gathers
+        the weights in every forward) stay in step. Accumulate sums locally and combine them
+        with one `accelerator.reduce(t, "sum")` afterwards; do not gather per batch (the
+        batches differ in size across processes).
         """
         order = self.permutation()
         n, p, r = self.num_samples, self.num_processes, self.process_index
         shard = order[r * n // p : (r + 1) * n // p].to(self.device)
-        for idx in shard.split(self.batch_size):
-            yield self._batch(idx)
+        b = self.batch_size
+        for i in range(self.eval_batches()):
+            yield self._batch(shard[i * b : (i + 1) * b])
+
+    def eval_batches(self) -> int:
+        """Batches per process of `iter_eval_shard()` (the same on every process)."""
+        return math.ceil(math.ceil(self.num_samples / self.num_processes) / self.batch_size)
 
     def __repr__(self) -> str:
         return (

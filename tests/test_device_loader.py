@@ -12,7 +12,6 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from accel_mnist.data import DATASETS, ImageTensorDataset, load_split
 from accel_mnist.device_loader import DeviceLoader, choose_data_loader, device_loader_fits
-from accel_mnist.loaders import batches_per_process
 
 MEAN, STD = DATASETS["mnist"].mean, DATASETS["mnist"].std
 
@@ -70,7 +69,8 @@ def test_real_size_arithmetic(n, batch_size, world):
     images = torch.zeros(n, 28, 28, dtype=torch.uint8)
     labels = torch.zeros(n, dtype=torch.int64)
     ranks = [loader(n, batch_size, world, r, data=(images, labels)) for r in range(world)]
-    assert len(ranks[0]) == batches_per_process(n, batch_size, world)
+    # what a prepared torch DataLoader reports (Accelerate's even_batches arithmetic)
+    assert len(ranks[0]) == math.ceil(math.ceil(n / batch_size) / world)
     order = ranks[0].permutation()
     for r, dl in enumerate(ranks):
         got = dl.shard_indices(order)
@@ -226,7 +226,8 @@ def _gather_for_metrics_emulated(per_rank_batches, remainder, last):
 
 @pytest.mark.parametrize("n, batch_size, world", [(103, 10, 1), (103, 10, 2), (103, 10, 3), (100, 10, 2),
                                                   (10000, 333, 2), (10000, 1000, 3), (10000, 1000, 7),
-                                                  (10000, 64, 8), (5, 2, 3)])  # fmt: skip
+                                                  (10000, 64, 8), (5, 2, 3), (10000, 3333, 3),
+                                                  (7, 2, 3)])  # fmt: skip
 def test_eval_counts_every_test_sample_exactly_once(n, batch_size, world):
     images = torch.zeros(n, 28, 28, dtype=torch.uint8)
     labels = torch.arange(n)  # labels = sample index, so we can count
@@ -245,9 +246,12 @@ def test_eval_counts_every_test_sample_exactly_once(n, batch_size, world):
     seen = torch.cat(seen)
     assert torch.equal(seen, torch.arange(n))  # exactly once, in order
 
-    # 2) disjoint shards + reduce path
-    shards = [torch.cat([y for _, y in dl.iter_eval_shard()]) for dl in ranks]
+    # 2) disjoint shards + reduce path: the same number of batches on every rank
+    per_rank = [list(dl.iter_eval_shard()) for dl in ranks]
+    assert {len(batches) for batches in per_rank} == {ranks[0].eval_batches()}
+    shards = [torch.cat([y for _, y in batches]) for batches in per_rank]
     assert torch.equal(torch.sort(torch.cat(shards)).values, torch.arange(n))
+    assert all(x.shape[1:] == (1, 28, 28) for batches in per_rank for x, _ in batches)
 
 
 def test_registers_with_accelerate_gradient_state():
@@ -324,3 +328,28 @@ def test_rejects_bad_arguments():
         DeviceLoader(images, labels[:5], MEAN, STD, 4, shuffle=True)
     with pytest.raises(ValueError):
         DeviceLoader(images, labels, MEAN, STD, 4, shuffle=True, num_processes=2, process_index=2)
+
+
+@pytest.mark.slow
+def test_outside_prepare_under_two_process_deepspeed_zero2(mnist_dir):
+    """prepare(model, optimizer) without a dataloader + DeviceLoader: ZeRO-2 trains, syncs at
+    the epoch end under accumulation, and both evaluation paths count 10000 test images."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--config_file", str(repo / "accelerate_configs" / "zero2.yaml"),
+           "--num_processes", "2", "--mixed_precision", "no", str(repo / "benchmarks" / "device_loader_check.py"),
+           "--steps", "4", "--grad-accum", "2", "--eval-batch-size", "333", "--data-dir", str(mnist_dir)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=repo)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    report = json.loads(lines[-1])
+    assert report["distributed_type"] == "DEEPSPEED" and report["num_processes"] == 2 and report["zero_stage"] == 2
+    assert all(report["checks"].values()), report["checks"]
+    assert report["gather_count"] == report["reduce_count"] == 10000

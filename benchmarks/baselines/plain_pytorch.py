@@ -1,0 +1,194 @@
+"""Plain PyTorch MNIST training (no Accelerate, no DeepSpeed): the reference for overhead.
+
+    python benchmarks/baselines/plain_pytorch.py --model cnn --batch-size 512 --epochs 1 --data device
+    python benchmarks/baselines/plain_pytorch.py --model linear --batch-size 64 --data dataloader --cpu --threads 2 --max-steps 200
+
+Two data paths:
+  --data dataloader  torch DataLoader over accel_mnist's ImageTensorDataset (per-sample
+                     __getitem__ + collate), batches copied to the device each step;
+  --data device      the whole split on the device as uint8; each step gathers a batch of
+                     rows from a per-epoch torch.randperm and normalises it there.
+Same models (accel_mnist.models), same normalisation, Adam by default, optional autocast
+(--precision fp16 with a GradScaler, or bf16). Reports samples/s, ms/step (timed steps
+exclude --warmup-steps), train seconds and test accuracy; writes benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ for benchlib
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import benchlib  # noqa: E402
+from accel_mnist.data import DATASETS, ImageTensorDataset, load_split  # noqa: E402
+from accel_mnist.models import build_model, num_parameters  # noqa: E402
+
+COLUMNS = ["config.model", "config.data", "config.batch_size", "config.precision", "steps",
+           "samples_per_second", "ms_per_step", "train_seconds", "test_accuracy"]  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="plain PyTorch MNIST baseline")
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--data", choices=["dataloader", "device"], default="device")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (--data dataloader)")
+    p.add_argument("--precision", choices=["no", "fp16", "bf16"], default="no", help="autocast dtype")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of ms/step")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    p.add_argument("--tag", default="", help="label added to the result file name")
+    return p.parse_args(argv)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class DeviceBatches:
+    """The whole split on the device; batches by a fresh randperm each epoch (plain, inline)."""
+
+    def __init__(self, images, labels, mean, std, batch_size, device, shuffle, seed):
+        self.images, self.labels = images.to(device), labels.to(device)
+        self.mean, self.std, self.batch_size, self.device = mean, std, batch_size, device
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def __len__(self):
+        return -(-len(self.labels) // self.batch_size)
+
+    def __iter__(self):
+        n = len(self.labels)
+        if self.shuffle:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        else:
+            order = torch.arange(n)
+        self.epoch += 1
+        for idx in order.to(self.device).split(self.batch_size):
+            x = self.images[idx].to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std)
+            yield x.unsqueeze(1), self.labels[idx]
+
+
+def build_loaders(args, device):
+    spec = DATASETS["mnist"]
+    data_dir = args.data_dir or benchlib.data_dir()
+    train = load_split("mnist", data_dir, train=True, download=False)
+    test = load_split("mnist", data_dir, train=False, download=False)
+    if args.data == "device":
+        return (DeviceBatches(*train, spec.mean, spec.std, args.batch_size, device, True, args.seed),
+                DeviceBatches(*test, spec.mean, spec.std, 1000, device, False, 0))  # fmt: skip
+    pin = device.type == "cuda"
+    common = dict(num_workers=args.num_workers, pin_memory=pin, persistent_workers=args.num_workers > 0)
+    train_dl = torch.utils.data.DataLoader(
+        ImageTensorDataset(*train, spec.mean, spec.std), batch_size=args.batch_size, shuffle=True,
+        generator=torch.Generator().manual_seed(args.seed), **common,
+    )  # fmt: skip
+    test_dl = torch.utils.data.DataLoader(ImageTensorDataset(*test, spec.mean, spec.std), batch_size=1000, **common)
+    return train_dl, test_dl
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, autocast) -> float:
+    model.eval()
+    correct = total = 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            logits = model(x)
+        correct += int((logits.argmax(1) == y).sum())
+        total += len(y)
+    model.train()
+    return correct / total
+
+
+def run(args) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    if args.precision == "fp16" and device.type == "cpu":
+        raise SystemExit("error: --precision fp16 needs a GPU (use no or bf16 on CPU)")
+    train_loader, test_loader = build_loaders(args, device)
+    model = build_model(args.model).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+    total_steps = len(train_loader) * args.epochs
+    if args.max_steps is not None:
+        total_steps = min(total_steps, args.max_steps)
+    warmup = min(args.warmup_steps, max(total_steps - 1, 0))
+
+    model.train()
+    step = 0
+    samples_timed = 0
+    sync(device)
+    start = time.perf_counter()
+    timed_start = start
+    while step < total_steps:
+        for x, y in train_loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast():
+                loss = F.cross_entropy(model(x).float(), y)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            step += 1
+            if step == warmup:
+                sync(device)
+                timed_start = time.perf_counter()
+            elif step > warmup:
+                samples_timed += len(y)
+            if step >= total_steps:
+                break
+    sync(device)
+    end = time.perf_counter()
+    timed_steps = step - warmup
+    elapsed = end - timed_start
+    result = {
+        "steps": step,
+        "timed_steps": timed_steps,
+        "train_seconds": end - start,
+        "ms_per_step": elapsed / max(timed_steps, 1) * 1e3,
+        "samples_per_second": samples_timed / elapsed if elapsed > 0 else float("nan"),
+        "final_loss": loss.item(),
+        "num_parameters": num_parameters(model),
+        "device": device.type,
+    }
+    if not args.no_eval:
+        result["test_accuracy"] = evaluate(model, test_loader, device, autocast)
+    return result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "tag")}
+    record = {"benchmark": "plain_pytorch", "config": config, **result}
+    tag = f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}{args.tag and '-' + args.tag}"
+    benchlib.record_result("plain_pytorch", tag, record, COLUMNS, args.out)
+    print(f"plain_pytorch {tag}: {result['samples_per_second']:.0f} samples/s, {result['ms_per_step']:.3f} ms/step, "
+          f"train {result['train_seconds']:.2f} s, test_accuracy {result.get('test_accuracy', float('nan')):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""CPU step time: accel_mnist's train() against a plain PyTorch loop, per data path.
+
+    python benchmarks/cpu_overhead.py [--models linear,cnn] [--batch-size 64] [--threads 2]
+        [--steps linear=400,cnn=60] [--repeats 3]
+
+The issue's CPU target: accel_mnist single-process step time <= 1.10x a plain PyTorch loop
+(same model, batch, threads). Four variants, run in-process and interleaved `--repeats`
+times (other load on the machine then hits all of them alike); the median of each counts:
+
+  plain/dataloader   benchmarks/baselines/plain_pytorch.py, torch DataLoader
+  plain/device       benchmarks/baselines/plain_pytorch.py, whole split in memory
+  accel/torch        accel_mnist.train(), data_loader=torch (the prepared DataLoader)
+  accel/device       accel_mnist.train() with the DeviceLoader (config data_loader=device
+                     once the loop reads it; until then build_dataloaders is patched)
+
+A forward pre-hook on the model stamps every training step in both loops (train() takes the
+model as an argument), so on CPU ms/step is the steady-state median interval between steps
+(first 10 left out), then the median over repeats; train_seconds / steps (warm-up included)
+is kept too. Writes one JSON + markdown row per model.
+--gpu runs the same four on the GPU (fp32, records gpu_overhead). --cache-lomo-check caches
+accelerate 1.15's `is_lomo_available()`, which AcceleratedOptimizer.step calls twice per step
+(an importlib search of sys.path each time; the largest per-step cost of the accel loop on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "baselines"))
+
+import torch  # noqa: E402
+
+import benchlib  # noqa: E402
+import plain_pytorch  # noqa: E402
+
+COLUMNS = ["config.model", "config.batch_size", "config.threads", "config.cache_lomo_check", "ms_per_step_basis",
+           "ms_per_step.plain/dataloader",
+           "ms_per_step.plain/device", "ms_per_step.accel/torch", "ms_per_step.accel/device",
+           "ratio_accel_device_to_plain_device", "ratio_accel_torch_to_plain_dataloader",
+           "ratio_device_speedup_accel"]  # fmt: skip
+
+
+WARMUP = 10  # per-step intervals left out of the steady-state median
+
+
+def timed_model(name: str):
+    """A registry model that stamps the time of each training-mode forward call.
+
+    The interval between two consecutive forwards is one whole training step (batch fetch,
+    forward, backward, optimizer, loop bookkeeping), measured the same way in both loops.
+    """
+    import time
+
+    from accel_mnist.models import build_model
+
+    model = build_model(name)
+    model.step_times = []
+
+    def stamp(module, _inputs):
+        if module.training:
+            module.step_times.append(time.perf_counter())
+
+    model.register_forward_pre_hook(stamp)
+    return model
+
+
+def step_stats(times: list[float]) -> dict:
+    intervals = [b - a for a, b in zip(times, times[1:])][WARMUP:]
+    if not intervals:
+        return {"ms_per_step_median": float("nan"), "ms_per_step_min": float("nan")}
+    return {"ms_per_step_median": statistics.median(intervals) * 1e3, "ms_per_step_min": min(intervals) * 1e3,
+            "ms_per_step_steady_mean": sum(intervals) / len(intervals) * 1e3}  # fmt: skip
+
+
+def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_dir: str, out: str) -> dict:
+    from accel_mnist import loop
+    from accel_mnist.config import TrainConfig
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = dict(model=model, batch_size=batch_size, max_steps=steps, data_dir=data_dir, download=False,
+                  output_dir=out, overwrite=True, quiet=True, eval_batch_size=1000)  # fmt: skip
+    # Switch off what a timing run does not need, where this version has the switch.
+    for key, value in (("export", False), ("save_checkpoints", False)):
+        if key in names:
+            values[key] = value
+    wired = "data_loader" in names and _loop_reads_data_loader()
+    if wired:
+        values["data_loader"] = data_loader
+    config = TrainConfig(**values)
+    patch = not wired and data_loader == "device"
+    if patch:  # an older loop: hand it DeviceLoaders through build_dataloaders
+        original = loop.build_dataloaders
+        loop.build_dataloaders = _device_build_dataloaders(original)
+    net = timed_model(model)
+    try:
+        results = loop.train(config, model=net)
+    finally:
+        if patch:
+            loop.build_dataloaders = original
+    if wired and results.get("data_loader", data_loader) != data_loader:
+        raise RuntimeError(f"asked for data_loader={data_loader}, the run used {results.get('data_loader')}")
+    return {"steps": results["steps"], "train_seconds": results["train_seconds"],
+            "test_accuracy": results.get("test_accuracy"), "wired": wired, **step_stats(net.step_times)}  # fmt: skip
+
+
+def _loop_reads_data_loader() -> bool:
+    """Whether train() already honours TrainConfig.data_loader (then no patching is needed)."""
+    import inspect
+
+    from accel_mnist import loaders, loop
+
+    return any("data_loader" in inspect.getsource(m) or "DeviceLoader" in inspect.getsource(m) for m in (loop, loaders))
+
+
+def _device_build_dataloaders(original):
+    """build_dataloaders with the two loaders replaced by DeviceLoaders (other items kept)."""
+    from accelerate import PartialState
+
+    from accel_mnist.device_loader import DeviceLoader
+
+    def build(train_set, test_set, config):
+        built = original(train_set, test_set, config)
+        state = PartialState()
+        common = dict(device=state.device, num_processes=state.num_processes, process_index=state.process_index)
+        train = DeviceLoader.from_dataset(train_set, batch_size=config.batch_size, shuffle=True,
+                                          seed=config.seed, **common)  # fmt: skip
+        test = DeviceLoader.from_dataset(test_set, batch_size=config.eval_batch_size, shuffle=False, **common)
+        return (train, test, *built[2:]) if isinstance(built, tuple) else (train, test)
+
+    return build
+
+
+def plain_run(model: str, batch_size: int, steps: int, data: str, threads: int, data_dir: str, gpu: bool) -> dict:
+    args = plain_pytorch.parse_args([
+        "--model", model, "--batch-size", str(batch_size), "--max-steps", str(steps), "--data", data,
+        "--threads", str(threads), "--warmup-steps", "0", "--data-dir", data_dir, *([] if gpu else ["--cpu"]),
+    ])  # fmt: skip
+    net = timed_model(model)
+    original = plain_pytorch.build_model
+    plain_pytorch.build_model = lambda _name: net
+    try:
+        result = plain_pytorch.run(args)
+    finally:
+        plain_pytorch.build_model = original
+    return {"steps": result["steps"], "train_seconds": result["train_seconds"],
+            "test_accuracy": result.get("test_accuracy"), **step_stats(net.step_times)}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="accel_mnist vs plain PyTorch step time on CPU")
+    p.add_argument("--models", default="linear,cnn")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", default="linear=400,cnn=60", help="steps per run, per model")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--gpu", action="store_true",
+                   help="the same comparison on the GPU (fp32; records gpu_overhead)")
+    p.add_argument("--cache-lomo-check", action="store_true",
+                   help="cache accelerate's per-step is_lomo_available() (an importlib search of sys.path "
+                        "that AcceleratedOptimizer.step makes twice per step) to measure what it costs")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.cache_lomo_check:
+        import functools
+
+        import accelerate.accelerator
+        import accelerate.optimizer
+
+        cached = functools.cache(accelerate.optimizer.is_lomo_available)
+        accelerate.optimizer.is_lomo_available = cached
+        accelerate.accelerator.is_lomo_available = cached
+    import torch as _torch
+
+    if args.gpu and not _torch.cuda.is_available():
+        raise SystemExit("error: --gpu but no CUDA GPU found")
+    if not args.gpu and _torch.cuda.is_available():
+        raise SystemExit("error: a GPU is visible; run with CUDA_VISIBLE_DEVICES= for the CPU comparison, or --gpu")
+    bench = "gpu_overhead" if args.gpu else "cpu_overhead"
+    steps_for = dict(item.split("=") for item in args.steps.split(","))
+    data_dir = benchlib.data_dir()
+    variants = ["plain/dataloader", "plain/device", "accel/torch", "accel/device"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models.split(","):
+            steps = int(steps_for.get(model, 100))
+            runs: dict[str, list[dict]] = {v: [] for v in variants}
+            for rep in range(args.repeats):
+                for v in variants:
+                    torch.set_num_threads(args.threads)
+                    torch.manual_seed(0)
+                    kind, data = v.split("/")
+                    if kind == "plain":
+                        r = plain_run(model, args.batch_size, steps, data, args.threads, data_dir, args.gpu)
+                    else:
+                        r = accel_run(model, args.batch_size, steps, data, data_dir, f"{tmp}/{model}-{data}-{rep}")
+                    r["ms_per_step_total"] = r["train_seconds"] / r["steps"] * 1e3
+                    r["threads_after"] = torch.get_num_threads()
+                    runs[v].append(r)
+                    print(f"{model} {v} rep {rep}: steady median {r['ms_per_step_median']:.3f} ms/step, "
+                          f"total {r['ms_per_step_total']:.3f} ms/step "
+                          f"(acc {r.get('test_accuracy') or float('nan'):.3f})", file=sys.stderr)
+            # CPU: steady-state step time (median per-step interval, warm-up left out), the
+            # median over repeats. GPU: forwards are only enqueued, so the intervals show the
+            # CPU's launch rate; there train_seconds / steps is the honest number.
+            key = "ms_per_step_total" if args.gpu else "ms_per_step_median"
+            ms = {v: statistics.median(r[key] for r in runs[v]) for v in variants}
+            ms_total = {v: statistics.median(r["ms_per_step_total"] for r in runs[v]) for v in variants}
+            ms_min = {v: min(r["ms_per_step_min"] for r in runs[v]) for v in variants}
+            record = {
+                "benchmark": bench,
+                "config": {"model": model, "batch_size": args.batch_size, "threads": args.threads,
+                           "steps": steps, "repeats": args.repeats, "cache_lomo_check": args.cache_lomo_check},
+                "ms_per_step": ms,
+                "ms_per_step_basis": key,
+                "ms_per_step_total": ms_total,
+                "ms_per_step_min": ms_min,
+                "ratio_accel_device_to_plain_device": ms["accel/device"] / ms["plain/device"],
+                "ratio_accel_torch_to_plain_dataloader": ms["accel/torch"] / ms["plain/dataloader"],
+                "ratio_device_speedup_accel": ms["accel/torch"] / ms["accel/device"],
+                "ratio_device_speedup_plain": ms["plain/dataloader"] / ms["plain/device"],
+                "runs": runs,
+                "note": ("ms_per_step: CPU = median over repeats of each run's median per-step interval "
+                         f"(first {WARMUP} steps left out); GPU = train_seconds / steps"),
+            }  # fmt: skip
+            benchlib.record_result(bench, f"{model}-b{args.batch_size}-t{args.threads}", record,
+                                   COLUMNS, args.out)  # fmt: skip
+            print(f"{model}: " + ", ".join(f"{v} {ms[v]:.3f} ms" for v in variants)
+                  + f"; accel/device : plain/device = {record['ratio_accel_device_to_plain_device']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

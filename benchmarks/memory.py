@@ -1,0 +1,184 @@
+"""Per-GPU peak memory by ZeRO stage for a >= 1B-parameter MLP, beside the ZeRO paper's model states.
+
+One configuration per launch (the strategy comes from the accelerate config):
+
+    accelerate launch --config_file accelerate_configs/multi_gpu.yaml --mixed_precision fp16 \
+        --num_processes 2 benchmarks/memory.py
+    accelerate launch --config_file accelerate_configs/zero2.yaml --num_processes 2 benchmarks/memory.py
+
+or all of them, one launch each:
+
+    python benchmarks/memory.py --launch ddp,zero1,zero2,zero3 --gpus 2
+
+Model: 784 -> H -> (H -> H) x L -> 10 with ReLU, default H=20480, L=3: 1.275B parameters.
+fp16 (DDP: autocast + GradScaler over fp32 weights; DeepSpeed: fp16 weights + fp32 master
+copy), torch.optim.Adam, batch 8 of random inputs, --steps optimizer steps. Reported per
+rank: torch.cuda.max_memory_allocated over the steps (peak stats reset after prepare) and
+memory_allocated after them, next to the paper's model-state bytes for Psi parameters on N
+GPUs with K=12 (Adam, mixed precision): DDP 16Psi, ZeRO-1 4Psi+12Psi/N, ZeRO-2 2Psi+14Psi/N,
+ZeRO-3 16Psi/N. Activations, buffers (DeepSpeed's bucket sizes) and fragmentation come on top.
+
+Imports without a GPU; on a machine without CUDA it prints why and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib  # noqa: E402
+
+GIB = 1024**3
+LAUNCH = {  # --launch name -> (accelerate config, extra launch args)
+    "ddp": ("multi_gpu", ["--mixed_precision", "fp16"]),
+    "zero1": ("zero1", []),
+    "zero2": ("zero2", []),
+    "zero3": ("zero3", []),
+}
+COLUMNS = ["strategy", "num_processes", "num_parameters", "peak_gib_max", "peak_gib_per_rank",
+           "allocated_gib_max", "paper_model_states_gib", "steps", "seconds_per_step"]  # fmt: skip
+
+
+def paper_model_states(psi: int, n: int, stage: int) -> float:
+    """ZeRO paper (Rajbhandari et al. 2020, sec. 5) model-state bytes per GPU, Adam + fp16 (K=12)."""
+    if stage == 0:
+        return 16 * psi
+    if stage == 1:
+        return 4 * psi + 12 * psi / n
+    if stage == 2:
+        return 2 * psi + 14 * psi / n
+    return 16 * psi / n
+
+
+def mlp_parameters(hidden: int, layers: int) -> int:
+    return (784 * hidden + hidden) + layers * (hidden * hidden + hidden) + (hidden * 10 + 10)
+
+
+def build_mlp(hidden: int, layers: int):
+    from torch import nn
+
+    mods = [nn.Linear(784, hidden), nn.ReLU()]
+    for _ in range(layers):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
+    mods.append(nn.Linear(hidden, 10))
+    return nn.Sequential(*mods)
+
+
+def measure(args) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        print("memory.py: skipped: no CUDA GPU here (it measures torch.cuda.max_memory_allocated)")
+        return 0
+    from accel_mnist.config import TrainConfig
+    from accel_mnist.runtime import build_accelerator, describe
+
+    config = TrainConfig(model="mlp", batch_size=args.batch_size, lr=1e-4)
+    accelerator = build_accelerator(config)
+    torch.manual_seed(0)
+    # Built on the GPU (a 1.3B-parameter init on the CPU takes long); the peak is reset after prepare.
+    with torch.device(accelerator.device):
+        model = build_mlp(args.hidden, args.layers)
+    psi = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    strategy = describe(accelerator)
+    stage = strategy["zero_stage"]
+    name = f"zero{stage}" if strategy["distributed_type"] == "DEEPSPEED" else "ddp"
+    input_dtype = next(model.parameters()).dtype
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    x = torch.randn(args.batch_size, 784, device=accelerator.device)
+    y = torch.randint(0, 10, (args.batch_size,), device=accelerator.device)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        with accelerator.autocast():
+            loss = F.cross_entropy(model(x.to(input_dtype)).float(), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / args.steps
+    local = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()],
+                         dtype=torch.float64, device=accelerator.device)  # fmt: skip
+    both = accelerator.gather(local.unsqueeze(0)).cpu()  # (N, 2)
+    n = accelerator.num_processes
+    if accelerator.is_main_process:
+        peaks = [round(v / GIB, 3) for v in both[:, 0].tolist()]
+        allocated = [round(v / GIB, 3) for v in both[:, 1].tolist()]
+        record = {
+            "benchmark": "memory", "strategy": name, "num_processes": n, "num_parameters": psi,
+            "config": {"hidden": args.hidden, "layers": args.layers, "batch_size": args.batch_size,
+                       "steps": args.steps, "mixed_precision": accelerator.mixed_precision, "optimizer": "torch Adam",
+                       **strategy},
+            "peak_gib_per_rank": peaks, "peak_gib_max": max(peaks),
+            "allocated_gib_per_rank": allocated, "allocated_gib_max": max(allocated),
+            "paper_model_states_gib": round(paper_model_states(psi, n, stage) / GIB, 3),
+            "seconds_per_step": seconds, "final_loss": loss.item(),
+        }  # fmt: skip
+        benchlib.record_result("memory", f"{name}-n{n}", record, COLUMNS, args.out)
+        print(f"{name} x{n}: {psi / 1e9:.3f}B params; peak per GPU {max(peaks):.2f} GiB "
+              f"(allocated after steps {max(allocated):.2f} GiB); paper model states "
+              f"{record['paper_model_states_gib']:.2f} GiB")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return 0
+
+
+def launch_all(args) -> int:
+    """One `accelerate launch` per strategy in --launch, for each count in --gpus."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("memory.py: skipped: no CUDA GPU here (it measures torch.cuda.max_memory_allocated)")
+        return 0
+    accelerate = Path(sys.executable).with_name("accelerate")
+    failures = 0
+    for n in [int(c) for c in args.gpus.split(",")]:
+        if n > torch.cuda.device_count():
+            print(f"memory.py: skipping {n} processes: only {torch.cuda.device_count()} GPU(s)")
+            continue
+        for name in args.launch.split(","):
+            config, extra = LAUNCH[name]
+            cmd = [str(accelerate if accelerate.exists() else "accelerate"), "launch", "--config_file",
+                   f"accelerate_configs/{config}.yaml", "--num_processes", str(n), *extra,
+                   "benchmarks/memory.py", "--hidden", str(args.hidden), "--layers", str(args.layers),
+                   "--batch-size", str(args.batch_size), "--steps", str(args.steps)]  # fmt: skip
+            if args.out:
+                cmd += ["--out", args.out]
+            print("$ " + shlex.join(cmd), flush=True)
+            proc = subprocess.run(cmd, cwd=benchlib.REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            failures += proc.returncode != 0
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="per-GPU peak memory by ZeRO stage, >= 1B-parameter MLP")
+    p.add_argument("--hidden", type=int, default=20480)
+    p.add_argument("--layers", type=int, default=3, help="hidden-to-hidden layers")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--launch", default=None, help="comma list of ddp,zero1,zero2,zero3: launch each")
+    p.add_argument("--gpus", default="2", help="process counts for --launch")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.launch:
+        unknown = set(args.launch.split(",")) - set(LAUNCH)
+        if unknown:
+            raise SystemExit(f"error: unknown strategies {sorted(unknown)}; choose from {', '.join(LAUNCH)}")
+        return launch_all(args)
+    return measure(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
