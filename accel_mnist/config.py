@@ -52,6 +52,9 @@ class TrainConfig:
         default=None, metadata={"help": "clip gradients to this norm (none: no clipping)"}
     )
     seed: int = field(default=42, metadata={"help": "seed for weights and data order"})
+    stop_at_accuracy: float | None = field(
+        default=None, metadata={"help": "stop once an evaluation reaches this test accuracy (e.g. 0.99)"}
+    )
     eval_every: int = field(
         default=0, metadata={"help": "evaluate every N optimizer steps (0: at each epoch end)"}
     )
@@ -114,6 +117,8 @@ class TrainConfig:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if not 0 < self.step_gamma <= 1:
             raise ConfigError(f"step_gamma: must be in (0, 1], got {self.step_gamma}")
+        if self.stop_at_accuracy is not None and not 0 < self.stop_at_accuracy <= 1:
+            raise ConfigError(f"stop_at_accuracy: must be in (0, 1], got {self.stop_at_accuracy}")
         if not self.output_dir:
             raise ConfigError("output_dir: must not be empty")
 

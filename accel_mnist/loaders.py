@@ -1,34 +1,58 @@
-"""DataLoaders for training and evaluation, and the arithmetic of how Accelerate shards them."""
+"""The two data paths, behind one interface: Accelerate-prepared torch DataLoaders, or the
+whole split held on the device (`DeviceLoader`), which shards exactly as Accelerate does.
+
+Both give every process the same batches in the same order for a given seed and epoch, so a
+run's metrics do not depend on the path (a test checks this); the device path only removes
+the per-sample Python work that limits small models.
+"""
 
 from __future__ import annotations
 
-import math
+from typing import Any, Iterable
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
 
 from .config import TrainConfig
+from .device_loader import DeviceLoader, choose_data_loader
 
 
-def build_dataloaders(
-    train_set: Dataset, test_set: Dataset, config: TrainConfig
-) -> tuple[DataLoader, DataLoader, torch.Generator]:
-    """Per-process loaders, and the generator that orders the training set.
+class Loaders:
+    """Training and evaluation batches for this process, whichever path holds the data."""
 
-    `accelerator.prepare` shards the loaders across processes. Reseeding the generator at the
-    start of an epoch fixes that epoch's order, which is what makes mid-epoch resume exact.
-    """
-    # A seeded generator makes the shuffle order a function of config.seed alone, and
-    # Accelerate synchronises it across processes so that shards never overlap.
-    generator = torch.Generator().manual_seed(config.seed)
-    common = {"num_workers": config.num_workers, "persistent_workers": config.num_workers > 0}
-    train_loader = DataLoader(
-        train_set, batch_size=config.batch_size, shuffle=True, generator=generator, **common
-    )
-    test_loader = DataLoader(test_set, batch_size=config.eval_batch_size, shuffle=False, **common)
-    return train_loader, test_loader, generator
+    def __init__(self, train_set: Any, test_set: Any, config: TrainConfig, accelerator: Accelerator) -> None:
+        self.kind = choose_data_loader(config.data_loader, [train_set, test_set], accelerator.device)
+        self.seed = config.seed
+        self.accelerator = accelerator
+        if self.kind == "device":
+            common = {"device": accelerator.device, "num_processes": accelerator.num_processes,
+                      "process_index": accelerator.process_index}  # fmt: skip
+            self.train: Any = DeviceLoader.from_dataset(
+                train_set, batch_size=config.batch_size, shuffle=True, seed=config.seed, **common
+            )
+            self.test: Any = DeviceLoader.from_dataset(test_set, batch_size=config.eval_batch_size, shuffle=False, **common)
+            return
+        # A seeded generator makes an epoch's order a function of seed and epoch alone;
+        # Accelerate synchronises it across processes so that shards never overlap.
+        self.generator = torch.Generator()
+        workers = {"num_workers": config.num_workers, "persistent_workers": config.num_workers > 0}
+        train = DataLoader(train_set, batch_size=config.batch_size, shuffle=True, generator=self.generator, **workers)
+        # Its own generator too: iterating a DataLoader draws a seed, which would otherwise come
+        # from the global RNG and shift the dropout masks of the training after each evaluation.
+        test = DataLoader(test_set, batch_size=config.eval_batch_size, shuffle=False,
+                          generator=torch.Generator(), **workers)  # fmt: skip
+        self.train, self.test = accelerator.prepare(train, test)
 
+    def __len__(self) -> int:
+        """Training batches per process per epoch."""
+        return len(self.train)
 
-def batches_per_process(num_samples: int, batch_size: int, num_processes: int) -> int:
-    """Batches each process sees per epoch after sharding (Accelerate's even_batches=True)."""
-    return math.ceil(math.ceil(num_samples / batch_size) / num_processes)
+    def epoch(self, epoch: int, skip: int = 0) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """Epoch `epoch`'s batches for this process, starting after the first `skip` (resume)."""
+        if self.kind == "device":
+            self.train.set_epoch(epoch)
+            self.train.skip_batches(skip)
+            return self.train
+        self.generator.manual_seed(self.seed + epoch)
+        return self.accelerator.skip_first_batches(self.train, skip) if skip else self.train

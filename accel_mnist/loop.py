@@ -18,7 +18,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import load_datasets
 from .errors import UsageError
-from .loaders import batches_per_process, build_dataloaders
+from .loaders import Loaders
 from .models import build_model, num_parameters
 from .optim import build_optimizer, build_scheduler
 from .outputs import RunOutputs
@@ -54,8 +54,8 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     model = build_model(config.model) if model is None else model
     n_params = num_parameters(model)
     state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
-    train_loader, test_loader, generator = build_dataloaders(train_set, test_set, config)
-    batches = batches_per_process(len(train_set), config.batch_size, accelerator.num_processes)
+    data = Loaders(train_set, test_set, config, accelerator)
+    batches = len(data)
     steps_per_epoch = math.ceil(batches / config.grad_accum)
     total_steps = min(steps_per_epoch * config.epochs, config.max_steps or math.inf)
     if resume and state.step >= total_steps:
@@ -64,9 +64,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
         )
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch)
-    model, optimizer, train_loader, test_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, test_loader, scheduler
-    )
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if resume:
         ckpt.load_checkpoint(accelerator, resume)
         accelerator.print(f"resumed from {resume} at step {state.step}")
@@ -82,7 +80,8 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
                disable=True if config.quiet or not accelerator.is_main_process else None)  # fmt: skip
 
     def check_finite() -> None:
-        if nonfinite_run.item() >= config.max_nonfinite:
+        # Collective, so that every rank stops together rather than one waiting for the others.
+        if accelerator.gather(nonfinite_run.reshape(1)).max().item() >= config.max_nonfinite:
             raise NonFiniteLossError(
                 f"loss was not finite for {config.max_nonfinite} optimizer steps in a row (at step "
                 f"{state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(config.output_dir)}"
@@ -90,13 +89,14 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
 
     def run_eval() -> None:
         nonlocal loss_sum, metrics, confusion_matrix
-        evaluation = evaluate(model, test_loader, accelerator, input_dtype)
+        evaluation = evaluate(model, data.test, accelerator, input_dtype)
         confusion_matrix = evaluation.pop("confusion_matrix")
         train_loss = accelerator.reduce(loss_sum, "sum").item() / max(state.loss_count * accelerator.num_processes, 1)
         metrics = {
             "epoch": round(state.step / steps_per_epoch, 4), "step": state.step, "train_loss": train_loss,
             **evaluation, "lr": scheduler.get_last_lr()[0],
             "samples_per_second": state.samples * accelerator.num_processes / max(state.train_seconds, 1e-9),
+            "train_seconds": state.train_seconds,
         }  # fmt: skip
         outputs.log_metrics(metrics)
         accelerator.log(metrics, step=state.step)
@@ -120,12 +120,10 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
         return time.perf_counter()
 
     model.train()
-    while state.step < total_steps:
-        generator.manual_seed(config.seed + state.epoch)  # the epoch's order: seed and epoch alone
-        skip = state.batches_in_epoch
-        loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+    finished = state.step >= total_steps
+    while not finished:
         tick = time.perf_counter()
-        for inputs, labels in loader:
+        for inputs, labels in data.epoch(state.epoch, skip=state.batches_in_epoch):
             with accelerator.accumulate(model):
                 logits = model(inputs.to(input_dtype))
                 loss = F.cross_entropy(logits.float(), labels)
@@ -155,6 +153,8 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
             finished = state.step >= total_steps
             if finished or end_of_epoch or _every(state.step, config.eval_every):
                 tick = pause_clock(tick, run_eval)
+                # The accuracy was gathered, so every rank stops at the same step.
+                finished = finished or metrics["test_accuracy"] >= (config.stop_at_accuracy or math.inf)
             if config.save_checkpoints and (finished or end_of_epoch or _every(state.step, config.checkpoint_every)):
                 tick = pause_clock(tick, save)
             if finished:
@@ -175,7 +175,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
         "skipped_steps": state.skipped_steps, "model": model_name, "dataset": config.dataset,
         "num_parameters": n_params,
         "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
-        **strategy, "confusion_matrix": confusion_matrix, "versions": versions(),
+        **strategy, "data_loader": data.kind, "confusion_matrix": confusion_matrix, "versions": versions(),
     }  # fmt: skip
     outputs.write_results(results)
     if accelerator.is_main_process:
@@ -185,7 +185,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     accelerator.wait_for_everyone()
     # Releasing the prepared objects first: a gloo worker still holding its DDP model at
     # interpreter exit sometimes aborts ("terminate called without an active exception").
-    accelerator.free_memory(model, optimizer, train_loader, test_loader, scheduler)
+    accelerator.free_memory(model, optimizer, scheduler, data.train, data.test)
     accelerator.end_training()
     return results
 

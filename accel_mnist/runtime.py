@@ -7,6 +7,7 @@ accumulation, clipping), so that the training loop never has to ask which strate
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from datetime import timedelta
@@ -23,12 +24,28 @@ from .errors import UsageError
 logger = get_logger(__name__)
 
 
+def _cache_lomo_check() -> None:
+    """accelerate 1.15's optimizer step asks `is_lomo_available()` twice per step, and each ask
+    searches sys.path: the largest per-step cost for small models (linear, batch 64, 2 CPU
+    threads: 0.46-0.60 ms/step before, 0.34 ms after). The answer cannot change in a run."""
+    import accelerate.accelerator
+    import accelerate.optimizer
+
+    check = getattr(accelerate.optimizer, "is_lomo_available", None)
+    if check is not None and not hasattr(check, "cache_info"):
+        cached = functools.cache(check)
+        accelerate.optimizer.is_lomo_available = cached
+        if getattr(accelerate.accelerator, "is_lomo_available", None) is check:
+            accelerate.accelerator.is_lomo_available = cached
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     """An Accelerator for `config`, with the strategy taken from the accelerate config/env."""
+    _cache_lomo_check()
     use_deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
     # DeepSpeed calls a torch collective that torch has deprecated, and torch warns on every
     # call: under ZeRO-3 that is several lines per step, drowning everything else.

@@ -23,7 +23,7 @@ from conftest import CONFIGS, MNIST_DIR, REPO
 
 # mlp has dropout, so an exact resume also needs the RNG state back; eval and checkpoint
 # steps do not line up, so the per-rank loss sums since the last eval must come back too.
-RUN_ARGS = ["--model", "mlp", "--max-steps", "160", "--eval-every", "30", "--checkpoint-every", "40",
+RUN_ARGS = ["--model", "mlp", "--max-steps", "240", "--eval-every", "30", "--checkpoint-every", "40",
             "--keep-checkpoints", "2", "--no-download", "--quiet", "--no-export"]  # fmt: skip
 TIMING_KEYS = {"samples_per_second"}
 
@@ -59,17 +59,46 @@ def run(cmd, timeout=600):
 def run_until_checkpoint_then_kill(cmd, out: Path, step: int, timeout=600) -> None:
     """Start the run, SIGKILL its whole process group once checkpoint `step` is complete."""
     env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    log = out.with_name(out.name + ".stderr")  # a file: an unread pipe would fill and block the run
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
     deadline = time.monotonic() + timeout
     marker = ckpt.checkpoint_dir(out) / f"step_{step}" / ckpt.STATE_FILE
     while not marker.exists():
-        assert proc.poll() is None, f"run ended before checkpoint {step}:\n{proc.stderr.read()[-3000:]}"
+        assert proc.poll() is None, f"run ended before checkpoint {step}:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc.pid)
     proc.wait()
+    time.sleep(1)  # nothing may still be writing
     assert not (out / "results.json").exists(), "the run finished before it was killed"
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once, as a job scheduler's kill would.
+
+    torchrun starts each worker in a session of its own, so killing the launcher's process
+    group would leave the workers running.
+    """
+    parents = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        parents[int(p)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        children = [c for c, parent in parents.items() if parent == frontier[-1]]
+        frontier.pop()
+        tree.update(children)
+        frontier.extend(children)
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 STRATEGIES = {
@@ -89,15 +118,16 @@ def test_sigkill_then_resume_equals_uninterrupted(strategy, tmp_path, mnist_dir)
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     proc = run(launch_cmd(launch, whole))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_until_checkpoint_then_kill(launch_cmd(launch, broken), broken, 80)
+    # Killed at the first checkpoint, so that 200 steps remain to be lost if resume were wrong.
+    run_until_checkpoint_then_kill(launch_cmd(launch, broken), broken, 40)
     proc = run(launch_cmd(launch, broken, "--resume-from", "latest"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert metrics_rows(broken) == metrics_rows(whole)
-    assert [p.name for p in ckpt.list_checkpoints(broken)] == ["step_120", "step_160"]  # keep 2
+    assert [p.name for p in ckpt.list_checkpoints(broken)] == ["step_200", "step_240"]  # keep 2
     a, b = final_weights(whole), final_weights(broken)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     results = json.loads((broken / "results.json").read_text())
-    assert results["steps"] == 160 and results["num_processes"] == (1 if launch is None else 2)
+    assert results["steps"] == 240 and results["num_processes"] == (1 if launch is None else 2)
 
 
 @pytest.fixture
@@ -229,15 +259,15 @@ def test_a_dead_process_stops_the_others(tmp_path, mnist_dir):
         assert proc.returncode != 0
         assert time.monotonic() - killed_at < 120
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
 
 
 def _find_rank(launcher_pid: int, rank: int) -> int:
-    """The pid of the worker with RANK=`rank` in the launcher's session."""
+    """The pid of the launcher's worker with RANK=`rank` (workers have sessions of their own)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.getsid(int(pid)) != os.getsid(launcher_pid):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
                 continue
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except (OSError, ProcessLookupError):

@@ -25,6 +25,7 @@ TRAIN_ARGS = [
 ]  # fmt: skip
 STRATEGIES = {
     "ddp": ["--config_file", str(CONFIGS / "multi_cpu.yaml")],
+    "ddp_torch_loader": ["--config_file", str(CONFIGS / "multi_cpu.yaml")],
     "zero1": ["--config_file", str(CONFIGS / "zero1.yaml"), "--mixed_precision", "no"],
     "zero2": ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"],
     "zero3": ["--config_file", str(CONFIGS / "zero3.yaml"), "--mixed_precision", "no"],
@@ -38,7 +39,8 @@ def runs(tmp_path_factory, request):
     out = {}
     for name, launch_args in STRATEGIES.items():
         run_dir = tmp_path_factory.mktemp(name)
-        proc, results = accelerate_launch(launch_args, TRAIN_ARGS, run_dir)
+        extra = ["--data-loader", "torch"] if name.endswith("torch_loader") else ["--data-loader", "device"]
+        proc, results = accelerate_launch(launch_args, TRAIN_ARGS + extra, run_dir)
         assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-4000:]}"
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         out[name] = (results, rows)
@@ -68,3 +70,13 @@ def test_zero_matches_ddp(runs, name):
             # amplifies it: ZeRO-1/2/3 agree with each other to 1e-8, with DDP to 7e-5 here.
             assert row[key] == pytest.approx(ddp_row[key], rel=2e-4), key
         assert row["test_accuracy"] == pytest.approx(ddp_row["test_accuracy"], abs=1e-3)
+
+
+def test_device_path_matches_the_torch_dataloader_on_two_processes(runs):
+    # The device path shards exactly as Accelerate shards a DataLoader (even_batches, wrap-around).
+    (device, device_rows), (torch_, torch_rows) = runs["ddp"], runs["ddp_torch_loader"]
+    assert (device["data_loader"], torch_["data_loader"]) == ("device", "torch")
+    drop = {"samples_per_second"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in device_rows] == [
+        {k: v for k, v in r.items() if k not in drop} for r in torch_rows
+    ]

@@ -111,3 +111,22 @@ def test_same_seed_same_result(config):
     a = train(config.replace(output_dir=config.output_dir + "_1"))
     b = train(config.replace(output_dir=config.output_dir + "_2"))
     assert a["test_loss"] == b["test_loss"] and a["train_loss"] == b["train_loss"]
+
+
+def test_device_and_torch_data_paths_train_identically(config):
+    # Same order (the device path reproduces the DataLoader's shuffle) and the same float ops:
+    # the fast path must not change a single metric. mlp has dropout, and an evaluation
+    # comes between training steps, so the paths must also use the global RNG alike.
+    mlp = config.replace(model="mlp")
+    device = train(mlp.replace(data_loader="device", output_dir=config.output_dir + "_device"))
+    torch_ = train(mlp.replace(data_loader="torch", output_dir=config.output_dir + "_torch"))
+    assert (device["data_loader"], torch_["data_loader"]) == ("device", "torch")
+    for key in ("train_loss", "test_loss", "test_accuracy", "confusion_matrix"):
+        assert device[key] == torch_[key], key
+
+
+def test_stop_at_accuracy_ends_the_run_at_the_first_evaluation_that_reaches_it(config):
+    results = train(config.replace(max_steps=None, epochs=1, eval_every=10, stop_at_accuracy=0.85))
+    rows = read_metrics(config)
+    assert results["test_accuracy"] >= 0.85 > max(r["test_accuracy"] for r in rows[:-1])
+    assert results["steps"] == rows[-1]["step"] < 938
