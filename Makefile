@@ -11,12 +11,18 @@ ACCELERATE_CONFIG ?=
 TRAIN_ARGS ?= --model cnn --epochs 1 --output-dir outputs/cnn --overwrite
 PYTEST_ARGS ?=
 
-.PHONY: train test clean
+.PHONY: train test lint clean
 train: $(VENV)/.installed
 	$(BIN)/accelerate launch $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) -m accel_mnist train $(TRAIN_ARGS)
 
 test: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Lint, formatting and types; the settings are in pyproject.toml ([tool.ruff], [tool.mypy]).
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
