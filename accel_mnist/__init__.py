@@ -1,5 +1,7 @@
 """accel_mnist: one Accelerate training loop for MNIST-class data on CPU, GPUs, DDP and DeepSpeed ZeRO.
 
+Usage::
+
     from accel_mnist import TrainConfig, train
     results = train(TrainConfig(model="cnn", epochs=1))
 """

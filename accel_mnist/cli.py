@@ -10,8 +10,9 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import MISSING, fields
-from typing import Any, Sequence, get_type_hints
+from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file
 from .errors import UsageError
@@ -72,7 +73,10 @@ def _train(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     # Libraries stay at warnings (Accelerate logs every file it saves at info) unless debugging.
     level = config.log_level.upper()
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=min(logging.WARNING, getattr(logging, level)) if level == "DEBUG" else logging.WARNING)
+    logging.basicConfig(
+        format="%(levelname)s %(name)s: %(message)s",
+        level=min(logging.WARNING, getattr(logging, level)) if level == "DEBUG" else logging.WARNING,
+    )
     logging.getLogger("accel_mnist").setLevel(level)
     from .loop import train  # deferred: argument errors should not wait for torch and accelerate
 

@@ -55,15 +55,11 @@ class TrainConfig:
     stop_at_accuracy: float | None = field(
         default=None, metadata={"help": "stop once an evaluation reaches this test accuracy (e.g. 0.99)"}
     )
-    eval_every: int = field(
-        default=0, metadata={"help": "evaluate every N optimizer steps (0: at each epoch end)"}
-    )
+    eval_every: int = field(default=0, metadata={"help": "evaluate every N optimizer steps (0: at each epoch end)"})
     log_every: int = field(default=50, metadata={"help": "progress-bar refresh, in optimizer steps"})
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
     output_dir: str = field(default="outputs/run", metadata={"help": "where results are written"})
-    overwrite: bool = field(
-        default=False, metadata={"help": "replace the results of a finished run in output_dir"}
-    )
+    overwrite: bool = field(default=False, metadata={"help": "replace the results of a finished run in output_dir"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
     report_to: str = field(
@@ -77,9 +73,7 @@ class TrainConfig:
     )
     save_checkpoints: bool = field(default=True, metadata={"help": "write checkpoints at all"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
-    resume_from: str | None = field(
-        default=None, metadata={"help": "'latest' (in output_dir) or a checkpoint folder"}
-    )
+    resume_from: str | None = field(default=None, metadata={"help": "'latest' (in output_dir) or a checkpoint folder"})
     max_nonfinite: int = field(
         default=10, metadata={"help": "stop after this many optimizer steps in a row with a non-finite loss"}
     )

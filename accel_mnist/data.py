@@ -17,8 +17,15 @@ from torch.utils.data import Dataset
 from .errors import DataError
 
 __all__ = [
-    "DATASETS", "DatasetSpec", "ImageTensorDataset", "download", "find_split_files",
-    "load_datasets", "load_split", "read_idx", "resolve_data_dir",
+    "DATASETS",
+    "DatasetSpec",
+    "ImageTensorDataset",
+    "download",
+    "find_split_files",
+    "load_datasets",
+    "load_split",
+    "read_idx",
+    "resolve_data_dir",
 ]
 
 
@@ -38,12 +45,17 @@ class DatasetSpec:
 DATASETS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec("mnist", "MNIST", 0.1307, 0.3081, tuple(str(d) for d in range(10))),
     "fashion_mnist": DatasetSpec(
-        "fashion_mnist", "FashionMNIST", 0.2860, 0.3530,
-        ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
+        "fashion_mnist",
+        "FashionMNIST",
+        0.2860,
+        0.3530,
+        ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
     ),
     "kmnist": DatasetSpec(
-        "kmnist", "KMNIST", 0.1918, 0.3483,
+        "kmnist",
+        "KMNIST",
+        0.1918,
+        0.3483,
         ("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"),
     ),
 }
@@ -97,9 +109,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     (magic,) = struct.unpack(">I", raw[:4])
     code, ndim = raw[2], raw[3]
     if raw[0] != 0 or raw[1] != 0 or not 1 <= ndim <= 4:
-        raise DataError(
-            f"{path}: bad magic number 0x{magic:08x} (expected an IDX file, 0x00000801 or 0x00000803)"
-        )
+        raise DataError(f"{path}: bad magic number 0x{magic:08x} (expected an IDX file, 0x00000801 or 0x00000803)")
     if code not in _IDX_DTYPES:
         supported = ", ".join(f"0x{c:02x}" for c in _IDX_DTYPES)
         raise DataError(f"{path}: unsupported IDX data type code 0x{code:02x} (supported: {supported})")
@@ -114,8 +124,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         raise DataError(f"{path}: truncated: expected {expected} bytes of data, found {found}")
     if found > expected:
         raise DataError(
-            f"{path}: {found - expected} trailing bytes after the {expected} bytes of data "
-            f"for shape {tuple(dims)}"
+            f"{path}: {found - expected} trailing bytes after the {expected} bytes of data for shape {tuple(dims)}"
         )
     arr = np.frombuffer(raw, dtype=dtype, offset=header_len).reshape(dims)
     # frombuffer over bytes is read-only and big-endian; torch.from_numpy wants neither.
@@ -185,6 +194,7 @@ def load_split(
             + ("" if download else "; downloading is off")
         )
     img_path, lbl_path = found[keys[0]], found[keys[1]]
+    assert img_path is not None and lbl_path is not None  # nothing is missing (checked above)
     images, labels = read_idx(img_path), read_idx(lbl_path)
 
     if images.ndim != 3 or images.shape[1:] != (28, 28):
@@ -196,14 +206,10 @@ def load_split(
     if labels.dtype.kind not in "iu":
         raise DataError(f"{lbl_path}: expected integer labels, found {labels.dtype}")
     if len(images) != len(labels):
-        raise DataError(
-            f"{img_path} has {len(images)} images but {lbl_path} has {len(labels)} labels"
-        )
+        raise DataError(f"{img_path} has {len(images)} images but {lbl_path} has {len(labels)} labels")
     expected = spec.train_records if train else spec.test_records
     if len(images) != expected:
-        raise DataError(
-            f"{img_path}: expected {expected} records, found {len(images)} ({name} {split} split)"
-        )
+        raise DataError(f"{img_path}: expected {expected} records, found {len(images)} ({name} {split} split)")
     n_classes = len(spec.classes)
     if len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
         bad = int(labels.max()) if labels.max() >= n_classes else int(labels.min())
@@ -239,6 +245,7 @@ def load_datasets(
     """Load (train, test) ImageTensorDatasets for `name`, normalised with the spec's mean/std."""
     if name.startswith("hf:"):  # Hugging Face datasets (hf_data.py); imported only when asked for
         from .hf_data import load_hf_datasets
+
         return load_hf_datasets(name, data_dir, download)
     spec = _spec(name)
     train = load_split(name, data_dir, train=True, download=download)

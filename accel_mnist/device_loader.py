@@ -34,7 +34,8 @@ per-process statistics with one `accelerator.reduce(..., "sum")` at the end.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -315,7 +316,7 @@ def choose_data_loader(setting: str, datasets: Any, device: torch.device | str) 
         return "torch"
     splits = datasets if isinstance(datasets, (list, tuple)) else [datasets]
     holdable = all(
-        isinstance(getattr(s, "images", None), torch.Tensor) and getattr(s, "images").dtype == torch.uint8
+        isinstance(getattr(s, "images", None), torch.Tensor) and s.images.dtype == torch.uint8
         and isinstance(getattr(s, "labels", None), torch.Tensor)
         for s in splits
     )  # fmt: skip

@@ -17,8 +17,9 @@ import pickle
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -220,7 +221,7 @@ def _deepspeed_checkpoint_weights(ckpt: Path, trust: bool) -> dict[str, torch.Te
     # bf16, stages 1-3; DynamicLossScaler under fp16): so unless told to trust the checkpoint,
     # force torch's restricted unpickler on those loads and allow those types alone.
     try:
-        with _quiet(), (contextlib.nullcontext() if trust else _weights_only_loads()):
+        with _quiet(), contextlib.nullcontext() if trust else _weights_only_loads():
             return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DEEPSPEED_TAG)
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
@@ -266,7 +267,7 @@ def _strip_wrapper_prefixes(state: dict[str, Any]) -> dict[str, Any]:
     # for weights saved from a wrapper ("module." of DDP, "_orig_mod." of torch.compile).
     for prefix in ("module.", "_orig_mod."):
         while state and all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
+            state = {k[len(prefix) :]: v for k, v in state.items()}
     return state
 
 

@@ -123,9 +123,7 @@ def _is_2d_array(feature: Any) -> bool:
 def _is_int_label(feature: Any) -> bool:
     from datasets import ClassLabel, Value
 
-    return isinstance(feature, ClassLabel) or (
-        isinstance(feature, Value) and feature.dtype.startswith(("int", "uint"))
-    )
+    return isinstance(feature, ClassLabel) or (isinstance(feature, Value) and feature.dtype.startswith(("int", "uint")))
 
 
 def _pick(candidates: list[str], preferred: tuple[str, ...]) -> str | None:
@@ -196,9 +194,7 @@ def _check_images(x: np.ndarray, where: str, offset: int) -> None:
         # Ragged sizes come back as an object array of per-image arrays.
         shapes = [np.shape(item) for item in x] if x.dtype == object else [x.shape[1:]] * len(x)
         index, shape = next((i, s) for i, s in enumerate(shapes) if tuple(s) != SHAPE)
-        raise DataError(
-            f"{where}: image {offset + index} has shape {tuple(shape)}; expected {SHAPE} grayscale"
-        )
+        raise DataError(f"{where}: image {offset + index} has shape {tuple(shape)}; expected {SHAPE} grayscale")
     if x.dtype == np.uint8 or len(x) == 0:
         return
     if x.dtype.kind not in "iuf" or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x))):

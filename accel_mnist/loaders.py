@@ -8,7 +8,8 @@ the per-sample Python work that limits small models.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -31,12 +32,14 @@ class Loaders:
             self.train: Any = DeviceLoader.from_dataset(
                 train_set, batch_size=config.batch_size, shuffle=True, seed=config.seed, **common
             )
-            self.test: Any = DeviceLoader.from_dataset(test_set, batch_size=config.eval_batch_size, shuffle=False, **common)
+            self.test: Any = DeviceLoader.from_dataset(
+                test_set, batch_size=config.eval_batch_size, shuffle=False, **common
+            )
             return
         # A seeded generator makes an epoch's order a function of seed and epoch alone;
         # Accelerate synchronises it across processes so that shards never overlap.
         self.generator = torch.Generator()
-        workers = {"num_workers": config.num_workers, "persistent_workers": config.num_workers > 0}
+        workers: dict[str, Any] = {"num_workers": config.num_workers, "persistent_workers": config.num_workers > 0}
         train = DataLoader(train_set, batch_size=config.batch_size, shuffle=True, generator=self.generator, **workers)
         # Its own generator too: iterating a DataLoader draws a seed, which would otherwise come
         # from the global RNG and shift the dropout masks of the training after each evaluation.

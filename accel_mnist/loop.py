@@ -57,7 +57,9 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     data = Loaders(train_set, test_set, config, accelerator)
     batches = len(data)
     steps_per_epoch = math.ceil(batches / config.grad_accum)
-    total_steps = min(steps_per_epoch * config.epochs, config.max_steps or math.inf)
+    total_steps = steps_per_epoch * config.epochs
+    if config.max_steps:
+        total_steps = min(total_steps, config.max_steps)
     if resume and state.step >= total_steps:
         raise UsageError(
             f"{resume} is already at step {state.step} of {total_steps}; raise --epochs or --max-steps to train on"

@@ -6,7 +6,7 @@ only names the built-in ones so that configs and exported models can refer to th
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
 
@@ -76,6 +77,7 @@ def predict_files(
     model.eval()
     device = next(model.parameters()).device
     results: list[tuple[str, int, float]] = []
+    batches: Iterable[torch.Tensor]
     for path in map(Path, paths):
         image = _open_image(path)
         if image is not None:
@@ -88,11 +90,11 @@ def predict_files(
                 for i in range(0, len(records), _IDX_CHUNK)
             )
         with torch.no_grad():
-            for batch, start in zip(batches, range(0, len(names), _IDX_CHUNK)):
+            for batch, start in zip(batches, range(0, len(names), _IDX_CHUNK), strict=True):
                 probs = model(batch.to(device)).float().softmax(dim=1).cpu()
                 best, digits = probs.max(dim=1)
                 chunk = names[start : start + len(batch)]
-                results += [(n, int(d), float(p)) for n, d, p in zip(chunk, digits, best)]
+                results += [(n, int(d), float(p)) for n, d, p in zip(chunk, digits, best, strict=True)]
     return results
 
 

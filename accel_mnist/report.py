@@ -75,11 +75,11 @@ def run_label(run_dir: str | os.PathLike, results: dict[str, Any] | None) -> str
 
 
 def _labels(run_dirs: Sequence[Path], results: Sequence[dict[str, Any] | None]) -> list[str]:
-    labels = [run_label(d, r) for d, r in zip(run_dirs, results)]
+    labels = [run_label(d, r) for d, r in zip(run_dirs, results, strict=True)]
     # Two runs of the same strategy (different models, seeds...) must stay apart in a legend.
     return [
         f"{label} [{d.name}]" if labels.count(label) > 1 and label != d.name else label
-        for label, d in zip(labels, run_dirs)
+        for label, d in zip(labels, run_dirs, strict=True)
     ]
 
 
@@ -102,11 +102,11 @@ def plot_training_curves(run_dirs: Sequence[str | os.PathLike], out_png: str | o
     fig = Figure(figsize=(15, 4.5), layout="constrained")
     axes = fig.subplots(1, 3)
     panels = [("train_loss", "train loss"), ("test_loss", "test loss"), ("test_accuracy", "test accuracy")]
-    for ax, (key, title) in zip(axes, panels):
-        for (rows, _), label in zip(runs, labels):
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for (rows, _), label in zip(runs, labels, strict=True):
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if points:
-                steps, values = zip(*points)
+                steps, values = zip(*points, strict=True)
                 # Markers: a run with a single evaluation is a point, not an invisible line.
                 ax.plot(steps, values, marker="o", markersize=3, label=label)
         ax.set_title(title)
@@ -182,7 +182,7 @@ def summarize(run_dirs: Sequence[str | os.PathLike]) -> str:
     labels = _labels(dirs, [results for _, results in runs])
     header = ("run", "strategy", "steps", "train_seconds", "samples/s", "test_accuracy", "test_loss")
     table = [header]
-    for d, label, (rows, results) in zip(dirs, labels, runs):
+    for d, label, (rows, results) in zip(dirs, labels, runs, strict=True):
         last = {**rows[-1], **(results or {})}
         table.append((
             str(d), label if results else f"{label} (no {RESULTS_FILE})",
@@ -194,7 +194,7 @@ def summarize(run_dirs: Sequence[str | os.PathLike]) -> str:
     lines = []
     for k, row in enumerate(table):
         # Text columns left-aligned, numbers right-aligned.
-        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -226,6 +226,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("run_dirs", nargs="+", metavar="DIR", help="a training --output-dir")
     parser.add_argument("--output", metavar="PNG",
-                        help=f"the curves of all the runs together (default with several runs: ./{COMPARISON_FILE})")  # fmt: skip
+                        help="the curves of all the runs together "
+                             f"(default with several runs: ./{COMPARISON_FILE})")  # fmt: skip
     parser.set_defaults(handler=_report)
     return parser

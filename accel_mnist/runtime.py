@@ -78,9 +78,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
         **kwargs,
     )
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UsageError(
-            "mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)"
-        )
+        raise UsageError("mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)")
     _align_deepspeed(accelerator, config)
     return accelerator
 

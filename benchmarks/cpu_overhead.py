@@ -71,7 +71,7 @@ def timed_model(name: str):
 
 
 def step_stats(times: list[float]) -> dict:
-    intervals = [b - a for a, b in zip(times, times[1:])][WARMUP:]
+    intervals = [b - a for a, b in zip(times, times[1:], strict=False)][WARMUP:]
     if not intervals:
         return {"ms_per_step_median": float("nan"), "ms_per_step_min": float("nan")}
     return {"ms_per_step_median": statistics.median(intervals) * 1e3, "ms_per_step_min": min(intervals) * 1e3,
@@ -159,11 +159,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", default="linear=400,cnn=60", help="steps per run, per model")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--gpu", action="store_true",
-                   help="the same comparison on the GPU (fp32; records gpu_overhead)")
-    p.add_argument("--cache-lomo-check", action="store_true",
-                   help="cache accelerate's per-step is_lomo_available() (an importlib search of sys.path "
-                        "that AcceleratedOptimizer.step makes twice per step) to measure what it costs")
+    p.add_argument("--gpu", action="store_true", help="the same comparison on the GPU (fp32; records gpu_overhead)")
+    p.add_argument(
+        "--cache-lomo-check",
+        action="store_true",
+        help="cache accelerate's per-step is_lomo_available() (an importlib search of sys.path "
+        "that AcceleratedOptimizer.step makes twice per step) to measure what it costs",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.cache_lomo_check:
@@ -201,9 +203,12 @@ def main(argv=None) -> int:
                     r["ms_per_step_total"] = r["train_seconds"] / r["steps"] * 1e3
                     r["threads_after"] = torch.get_num_threads()
                     runs[v].append(r)
-                    print(f"{model} {v} rep {rep}: steady median {r['ms_per_step_median']:.3f} ms/step, "
-                          f"total {r['ms_per_step_total']:.3f} ms/step "
-                          f"(acc {r.get('test_accuracy') or float('nan'):.3f})", file=sys.stderr)
+                    print(
+                        f"{model} {v} rep {rep}: steady median {r['ms_per_step_median']:.3f} ms/step, "
+                        f"total {r['ms_per_step_total']:.3f} ms/step "
+                        f"(acc {r.get('test_accuracy') or float('nan'):.3f})",
+                        file=sys.stderr,
+                    )
             # CPU: steady-state step time (median per-step interval, warm-up left out), the
             # median over repeats. GPU: forwards are only enqueued, so the intervals show the
             # CPU's launch rate; there train_seconds / steps is the honest number.
@@ -229,8 +234,11 @@ def main(argv=None) -> int:
             }  # fmt: skip
             benchlib.record_result(bench, f"{model}-b{args.batch_size}-t{args.threads}", record,
                                    COLUMNS, args.out)  # fmt: skip
-            print(f"{model}: " + ", ".join(f"{v} {ms[v]:.3f} ms" for v in variants)
-                  + f"; accel/device : plain/device = {record['ratio_accel_device_to_plain_device']:.3f}")
+            print(
+                f"{model}: "
+                + ", ".join(f"{v} {ms[v]:.3f} ms" for v in variants)
+                + f"; accel/device : plain/device = {record['ratio_accel_device_to_plain_device']:.3f}"
+            )
     return 0
 
 

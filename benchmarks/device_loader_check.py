@@ -37,8 +37,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--eval-batch-size", type=int, default=333)
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--no-register", action="store_true",
-                        help="leave the loaders out of Accelerate's GradientState (shows what goes wrong)")
+    parser.add_argument(
+        "--no-register",
+        action="store_true",
+        help="leave the loaders out of Accelerate's GradientState (shows what goes wrong)",
+    )
     args = parser.parse_args()
 
     config = TrainConfig(model=args.model, batch_size=args.batch_size, grad_accum=args.grad_accum,

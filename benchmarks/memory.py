@@ -127,9 +127,11 @@ def measure(args) -> int:
             "seconds_per_step": seconds, "final_loss": loss.item(),
         }  # fmt: skip
         benchlib.record_result("memory", f"{name}-n{n}", record, COLUMNS, args.out)
-        print(f"{name} x{n}: {psi / 1e9:.3f}B params; peak per GPU {max(peaks):.2f} GiB "
-              f"(allocated after steps {max(allocated):.2f} GiB); paper model states "
-              f"{record['paper_model_states_gib']:.2f} GiB")
+        print(
+            f"{name} x{n}: {psi / 1e9:.3f}B params; peak per GPU {max(peaks):.2f} GiB "
+            f"(allocated after steps {max(allocated):.2f} GiB); paper model states "
+            f"{record['paper_model_states_gib']:.2f} GiB"
+        )
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return 0

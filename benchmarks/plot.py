@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     fig, axes = plt.subplots(len(groups), 1, figsize=(10, 1.2 + 0.45 * max(len(g) for g in groups.values()) + 0.6)
                              if len(groups) == 1 else (10, 3.5 * len(groups)), squeeze=False)  # fmt: skip
-    for ax, ((hw, model, batch), runs) in zip(axes[:, 0], groups.items()):
+    for ax, ((hw, model, batch), runs) in zip(axes[:, 0], groups.items(), strict=True):
         labels = list(runs)
         values = [runs[k]["samples_per_second"] for k in labels]
         colors = ["tab:gray" if runs[k].get("kind") == "baseline" else "tab:blue" for k in labels]

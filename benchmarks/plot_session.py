@@ -21,8 +21,10 @@ def main(path: str) -> Path:
     rows = [
         (name, run["samples_per_second"])
         for name, run in session["runs"].items()
-        if run.get("samples_per_second") and run.get("config", {}).get("model") == "cnn"
-        and run["config"]["batch_size"] == 512 and run["config"]["epochs"] == 1
+        if run.get("samples_per_second")
+        and run.get("config", {}).get("model") == "cnn"
+        and run["config"]["batch_size"] == 512
+        and run["config"]["epochs"] == 1
     ]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([n for n, _ in rows], [v / 1000 for _, v in rows], color="#4c72b0")

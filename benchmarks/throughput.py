@@ -237,9 +237,11 @@ def main(argv=None) -> int:
             failures += record.get("returncode", 1) != 0
             benchlib.record_result("throughput", record["label"].replace(" ", "_"), record, COLUMNS, args.out)
             if "samples_per_second" in record and record["samples_per_second"] is not None:
-                print(f"{record['label']}: {record['samples_per_second']:.0f} samples/s, "
-                      f"{record['ms_per_step']:.2f} ms/step, train {record['train_seconds']:.2f} s, "
-                      f"wall {record['wall_seconds']:.1f} s, test_accuracy {record.get('test_accuracy')}")
+                print(
+                    f"{record['label']}: {record['samples_per_second']:.0f} samples/s, "
+                    f"{record['ms_per_step']:.2f} ms/step, train {record['train_seconds']:.2f} s, "
+                    f"wall {record['wall_seconds']:.1f} s, test_accuracy {record.get('test_accuracy')}"
+                )
     return 1 if failures else 0
 
 

@@ -20,7 +20,6 @@ The time resolution is --eval-every steps: use a small value for a fine reading.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -104,8 +103,10 @@ def main(argv=None) -> int:
                                        args.out)  # fmt: skip
                 hit_text = (f"{record['train_seconds_to_target']:.2f} train s at step {record['step_at_target']}"
                             if record.get("reached") else "not reached")  # fmt: skip
-                print(f"{record['label']}: target {target} {hit_text}; wall {record.get('wall_seconds', 0):.1f} s; "
-                      f"best {record.get('best_test_accuracy')}")
+                print(
+                    f"{record['label']}: target {target} {hit_text}; wall {record.get('wall_seconds', 0):.1f} s; "
+                    f"best {record.get('best_test_accuracy')}"
+                )
     return 1 if failures else 0
 
 

@@ -50,7 +50,8 @@ def main() -> None:
     results = train(config, model=MyNet(args.width))
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"{results['model']} ({results['num_parameters']} parameters), {results['distributed_type']} "
-              f"x{results['num_processes']}: test accuracy {results['test_accuracy']:.4f} after {results['steps']} steps")  # fmt: skip
+              f"x{results['num_processes']}: test accuracy {results['test_accuracy']:.4f} "
+              f"after {results['steps']} steps")  # fmt: skip
 
 
 if __name__ == "__main__":

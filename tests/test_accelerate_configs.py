@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DeepSpeedPlugin, DistributedType
 
@@ -33,43 +32,116 @@ EXPECTED: dict[str, dict] = {
         distributed_type=DistributedType.NO, num_processes=1, mixed_precision="bf16", use_cpu=False, gpu_ids="0"
     ),
     "multi_gpu.yaml": dict(
-        distributed_type=DistributedType.MULTI_GPU, num_processes=2, mixed_precision="bf16", use_cpu=False, gpu_ids="all"
+        distributed_type=DistributedType.MULTI_GPU,
+        num_processes=2,
+        mixed_precision="bf16",
+        use_cpu=False,
+        gpu_ids="all",
     ),
-    "zero1.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
-                       use_cpu=False, zero_stage=1, offload_optimizer_device="none", offload_param_device="none"),
-    "zero2.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
-                       use_cpu=False, zero_stage=2, offload_optimizer_device="none", offload_param_device="none"),
-    "zero3.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
-                       use_cpu=False, zero_stage=3, offload_optimizer_device="none", offload_param_device="none"),
-    "zero2_offload.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
-                               use_cpu=False, zero_stage=2, offload_optimizer_device="cpu",
-                               offload_param_device="none"),
-    "zero3_offload.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision="fp16",
-                               use_cpu=False, zero_stage=3, offload_optimizer_device="cpu",
-                               offload_param_device="cpu"),
+    "zero1.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision="fp16",
+        use_cpu=False,
+        zero_stage=1,
+        offload_optimizer_device="none",
+        offload_param_device="none",
+    ),
+    "zero2.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision="fp16",
+        use_cpu=False,
+        zero_stage=2,
+        offload_optimizer_device="none",
+        offload_param_device="none",
+    ),
+    "zero3.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision="fp16",
+        use_cpu=False,
+        zero_stage=3,
+        offload_optimizer_device="none",
+        offload_param_device="none",
+    ),
+    "zero2_offload.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision="fp16",
+        use_cpu=False,
+        zero_stage=2,
+        offload_optimizer_device="cpu",
+        offload_param_device="none",
+    ),
+    "zero3_offload.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision="fp16",
+        use_cpu=False,
+        zero_stage=3,
+        offload_optimizer_device="cpu",
+        offload_param_device="cpu",
+    ),
     # Precision and ZeRO settings live in the JSON; accelerate forbids them in the YAML.
-    "zero_file.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision=None,
-                           use_cpu=False, deepspeed_config_file="accelerate_configs/deepspeed_config.json"),
+    "zero_file.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision=None,
+        use_cpu=False,
+        deepspeed_config_file="accelerate_configs/deepspeed_config.json",
+    ),
     # Two machines x 8 GPUs; num_processes is the total over all machines.
-    "multinode_ddp.yaml": dict(distributed_type=DistributedType.MULTI_GPU, num_processes=16, num_machines=2,
-                               mixed_precision="bf16", use_cpu=False, gpu_ids="all"),
-    "multinode_zero2.yaml": dict(distributed_type=DistributedType.DEEPSPEED, num_processes=16, num_machines=2,
-                                 mixed_precision="bf16", use_cpu=False, zero_stage=2,
-                                 offload_optimizer_device="none", offload_param_device="none"),
+    "multinode_ddp.yaml": dict(
+        distributed_type=DistributedType.MULTI_GPU,
+        num_processes=16,
+        num_machines=2,
+        mixed_precision="bf16",
+        use_cpu=False,
+        gpu_ids="all",
+    ),
+    "multinode_zero2.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=16,
+        num_machines=2,
+        mixed_precision="bf16",
+        use_cpu=False,
+        zero_stage=2,
+        offload_optimizer_device="none",
+        offload_param_device="none",
+    ),
 }
 
 # Keys `accelerate config` writes for every LOCAL_MACHINE file.
 WIZARD_KEYS = {
-    "compute_environment", "debug", "distributed_type", "downcast_bf16", "enable_cpu_affinity", "machine_rank",
-    "main_training_function", "num_machines", "num_processes", "rdzv_backend", "same_network", "tpu_env",
-    "tpu_use_cluster", "tpu_use_sudo", "use_cpu",
+    "compute_environment",
+    "debug",
+    "distributed_type",
+    "downcast_bf16",
+    "enable_cpu_affinity",
+    "machine_rank",
+    "main_training_function",
+    "num_machines",
+    "num_processes",
+    "rdzv_backend",
+    "same_network",
+    "tpu_env",
+    "tpu_use_cluster",
+    "tpu_use_sudo",
+    "use_cpu",
 }
 
 # deepspeed_config keys that accelerate rejects next to deepspeed_config_file
 # (DeepSpeedPlugin._deepspeed_config_checks), plus the top-level mixed_precision.
 FORBIDDEN_WITH_DS_FILE = {
-    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
-    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
 }
 
 YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -167,9 +239,7 @@ def test_launcher_reads_config(path: Path, clean_accelerate_env):
 @pytest.mark.parametrize("name", ["zero2.yaml", "zero3_offload.yaml", "multi_gpu.yaml", "multi_cpu.yaml"])
 def test_command_line_overrides_config(name: str, clean_accelerate_env):
     """--mixed_precision / --num_processes on the command line win over the YAML (the CPU recipe)."""
-    args, _, mp_from_config = _resolve_launch_args(
-        CONFIG_DIR / name, "--mixed_precision", "no", "--num_processes", "1"
-    )
+    args, _, mp_from_config = _resolve_launch_args(CONFIG_DIR / name, "--mixed_precision", "no", "--num_processes", "1")
     assert args.mixed_precision == "no"
     assert args.num_processes == 1
     assert mp_from_config is False
@@ -182,8 +252,12 @@ def test_command_line_overrides_config(name: str, clean_accelerate_env):
 
 def test_deepspeed_json_template():
     cfg = json.loads(DS_JSON.read_text())
-    for key in ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps",
-                "gradient_clipping"):
+    for key in (
+        "train_micro_batch_size_per_gpu",
+        "train_batch_size",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+    ):
         assert cfg[key] == "auto", key
     assert cfg["fp16"]["enabled"] == "auto"
     assert cfg["bf16"]["enabled"] == "auto"
@@ -221,6 +295,7 @@ def test_zero_file_yaml_is_accepted_by_deepspeed_plugin(clean_accelerate_env):
 
 # --------------------------------------------------------------------------- launches
 
+
 def _accelerate_bin() -> str:
     exe = Path(sys.executable).with_name("accelerate")
     return str(exe) if exe.exists() else (shutil.which("accelerate") or "accelerate")
@@ -251,8 +326,17 @@ def _launch_rank_script(tmp_path: Path, config: Path, mode: str, env: dict[str, 
     script.write_text(RANK_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [_accelerate_bin(), "launch", "--config_file", str(config), "--main_process_port", "0",
-           str(script), str(out), mode]
+    cmd = [
+        _accelerate_bin(),
+        "launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        "0",
+        str(script),
+        str(out),
+        mode,
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return sorted(p.read_text() for p in out.glob("pid*.txt"))

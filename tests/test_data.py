@@ -41,8 +41,7 @@ def write_split_files(write_idx, folder, *, gz=False, n_train=N_TRAIN, n_test=N_
     rng = np.random.default_rng(seed)
     ext = ".gz" if gz else ""
     for split, n in (("train", n_train), ("t10k", n_test)):
-        write_idx(folder / f"{split}-images-idx3-ubyte{ext}",
-                  rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=gz)
+        write_idx(folder / f"{split}-images-idx3-ubyte{ext}", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=gz)
         write_idx(folder / f"{split}-labels-idx1-ubyte{ext}", np.arange(n, dtype=np.uint8) % 10, gz=gz)
 
 
@@ -54,6 +53,7 @@ def assert_data_error(excinfo, *words):
 
 
 # --- read_idx ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("gz", [False, True])
 def test_read_idx_roundtrip(tmp_path, write_idx, gz):
@@ -146,6 +146,7 @@ def test_read_idx_missing_file(tmp_path):
 
 # --- lookup -----------------------------------------------------------------------------------
 
+
 def test_resolve_data_dir_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("ACCEL_MNIST_DATA_DIR", str(tmp_path / "env"))
     assert resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
@@ -181,6 +182,7 @@ def test_find_prefers_uncompressed_and_reports_missing(tmp_path, write_idx):
 
 
 # --- load_split validation --------------------------------------------------------------------
+
 
 def test_unknown_dataset(tmp_path):
     with pytest.raises(DataError) as excinfo:
@@ -230,6 +232,7 @@ def test_wrong_record_count(tmp_path, write_idx):
 
 
 # --- download fallback ------------------------------------------------------------------------
+
 
 def test_download_called_when_missing(tmp_path, write_idx, small_mnist, monkeypatch):
     calls = []
@@ -282,7 +285,9 @@ def test_download_uses_torchvision_layout(tmp_path, write_idx, small_mnist, monk
 def test_download_failure_is_one_line(tmp_path, monkeypatch):
     class FailingMNIST:
         def __init__(self, root, train, download):
-            raise RuntimeError("Error downloading x.gz:\nTried https://a, got:\n" + repr(urllib.error.URLError("no network")))
+            raise RuntimeError(
+                "Error downloading x.gz:\nTried https://a, got:\n" + repr(urllib.error.URLError("no network"))
+            )
 
     _fake_torchvision(monkeypatch, FailingMNIST)
     with pytest.raises(DataError) as excinfo:
@@ -297,6 +302,7 @@ def test_import_does_not_import_torchvision():
 
 
 # --- datasets ---------------------------------------------------------------------------------
+
 
 def test_image_tensor_dataset():
     images = torch.tensor([[[0, 255] * 14] * 28, [[51] * 28] * 28], dtype=torch.uint8)
@@ -325,6 +331,7 @@ def test_specs():
 
 
 # --- real data --------------------------------------------------------------------------------
+
 
 def test_real_mnist(mnist_dir):
     labels_gz = mnist_dir / "t10k-labels-idx1-ubyte.gz"

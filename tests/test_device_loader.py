@@ -99,7 +99,7 @@ def test_values_equal_prepared_torch_dataloader(world):
         ours = list(dl)
         theirs = list(torch_dl)
         assert len(ours) == len(theirs) == len(dl) == len(torch_dl)
-        for (x, y), (tx, ty) in zip(ours, theirs):
+        for (x, y), (tx, ty) in zip(ours, theirs, strict=True):
             assert x.shape == tx.shape and x.dtype == torch.float32
             assert torch.equal(x, tx)  # bitwise: same float32 ops as ImageTensorDataset
             assert torch.equal(y, ty)
@@ -124,7 +124,7 @@ def test_order_equals_the_reseeded_torch_path(world):
             dl.set_epoch(epoch)
             ours, theirs = list(dl), list(torch_dl)
             assert len(ours) == len(theirs)
-            for (x, y), (tx, ty) in zip(ours, theirs):
+            for (x, y), (tx, ty) in zip(ours, theirs, strict=True):
                 assert torch.equal(y, ty) and torch.equal(x, tx)
 
 
@@ -132,7 +132,7 @@ def test_normalisation_equals_image_tensor_dataset():
     images, labels = synthetic(50)
     dataset = ImageTensorDataset(images, labels, MEAN, STD)
     dl = loader(50, 50, 1, 0, shuffle=False, data=(images, labels))
-    (x, y), = list(dl)
+    ((x, y),) = list(dl)
     assert x.shape == (50, 1, 28, 28)
     for i in range(50):
         xi, yi = dataset[i]
@@ -166,7 +166,7 @@ def test_epoch_advances_after_a_full_pass_only():
     epoch0 = [y for _, y in dl]
     assert dl.epoch == 1 and dl.position == 0
     epoch1 = [y for _, y in dl]
-    assert not all(torch.equal(a, b) for a, b in zip(epoch0, epoch1))
+    assert not all(torch.equal(a, b) for a, b in zip(epoch0, epoch1, strict=True))
     it = iter(dl)
     next(it), next(it)
     assert dl.epoch == 2 and dl.position == 2
@@ -201,7 +201,7 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(world, skip):
         resumed.load_state_dict(state)
         rest = list(resumed)
         assert len(rest) == len(everything) - skip
-        for (x, y), (ex, ey) in zip(rest, everything[skip:]):
+        for (x, y), (ex, ey) in zip(rest, everything[skip:], strict=True):
             assert torch.equal(x, ex) and torch.equal(y, ey)
         assert resumed.epoch == 3 and resumed.position == 0
         # the skip is one-shot: the next epoch is whole again
@@ -296,7 +296,9 @@ def test_gather_for_metrics_single_process_with_real_accelerator(mnist_dir):
 
 
 def test_batch_size_attribute_and_len():
-    dl = loader(60000, 64, 2, 1, data=(torch.zeros(60000, 28, 28, dtype=torch.uint8), torch.zeros(60000, dtype=torch.int64)))
+    dl = loader(
+        60000, 64, 2, 1, data=(torch.zeros(60000, 28, 28, dtype=torch.uint8), torch.zeros(60000, dtype=torch.int64))
+    )
     assert dl.batch_size == 64
     assert len(dl) == math.ceil(math.ceil(60000 / 64) / 2) == 469
 

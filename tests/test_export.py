@@ -20,7 +20,8 @@ from accel_mnist import TrainConfig, train
 from accel_mnist import checkpoint as ckpt
 from accel_mnist.data import load_split
 from accel_mnist.errors import UsageError
-from accel_mnist.export import (
+
+from accel_mnist.export import (  # isort: skip (one line of names, kept by fmt: skip)
     CONFIG_FILE, WEIGHTS_FILE, _sha256, export_from_checkpoint, full_state_dict, load_model, save_exported,
 )  # fmt: skip
 from accel_mnist.models import build_model
@@ -255,8 +256,8 @@ def _edit_config(export: Path, **changes) -> None:
         (lambda e: _set_weights_file(e, b""), [WEIGHTS_FILE, "not a valid safetensors"]),
     ],
     ids=["no-dir", "no-config", "bad-json", "not-object", "version", "unknown-model", "wrong-model",
-         "no-weights", "garbage", "empty"],  # fmt: skip
-)
+         "no-weights", "garbage", "empty"],
+)  # fmt: skip
 def test_load_model_errors(tmp_path, damage, needles):
     export = save_exported(linear_weights(), tmp_path / "export", model_name="linear", dataset="mnist")
     damage(export)

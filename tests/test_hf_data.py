@@ -58,7 +58,7 @@ def small(tmp_path_factory):
 
 
 def _assert_same(loaded, source):
-    for ds, split in zip(loaded, ("train", "test")):
+    for ds, split in zip(loaded, ("train", "test"), strict=True):
         x, y = source[split]
         assert ds.images.dtype == torch.uint8 and ds.images.shape == x.shape
         assert ds.labels.dtype == torch.int64

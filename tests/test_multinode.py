@@ -94,7 +94,9 @@ def launch_two_machines(launch_args, out_dirs, timeout=300):
     for rank, out in enumerate(out_dirs):
         cmd = [str(accelerate), "launch", *launch_args, *machine_args(rank, port), "-m", "accel_mnist", "train",
                *TRAIN_ARGS, "--output-dir", str(out), "--quiet"]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO))
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        )
     deadline = time.monotonic() + timeout
     results = []
     try:
@@ -140,7 +142,7 @@ def test_two_machines_match_one_machine(reference, tmp_path, name, distributed_t
     assert not written & {"config.json", "metrics.jsonl", "results.json"}, written
     rows, ref = read_rows(machine0), reference
     assert [r["step"] for r in rows] == [r["step"] for r in ref] == [10, 20]
-    for row, ref_row in zip(rows, ref):
+    for row, ref_row in zip(rows, ref, strict=True):
         assert row["test_samples"] == ref_row["test_samples"] == 10000
         assert row["test_accuracy"] == ref_row["test_accuracy"]
         for key in ("train_loss", "test_loss", "lr"):

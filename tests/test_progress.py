@@ -15,7 +15,8 @@ ARGS = ["train", "--model", "linear", "--max-steps", "20", "--eval-every", "10",
 def run(tmp_path, *extra):
     env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR)}
     return subprocess.run([sys.executable, "-m", "accel_mnist", *ARGS, "--output-dir", str(tmp_path / "o"),
-                           "--overwrite", *extra], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)  # fmt: skip
+                           "--overwrite", *extra],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)  # fmt: skip
 
 
 def test_no_bar_without_a_terminal_but_one_line_per_evaluation(tmp_path, mnist_dir):

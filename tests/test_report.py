@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from accel_mnist import UsageError
-from accel_mnist.report import (
+
+from accel_mnist.report import (  # isort: skip (one line of names, kept by fmt: skip)
     CONFUSION_FILE, CURVES_FILE, plot_confusion_matrix, plot_training_curves, register, summarize, write_report,
 )  # fmt: skip
 
@@ -81,7 +82,13 @@ def test_two_runs_side_by_side(tmp_path):
 
 def test_summary_of_an_unfinished_run_uses_its_last_row(tmp_path):
     text = summarize([make_run(tmp_path / "running", results=False)])
-    assert "running (no results.json)" in text and text.splitlines()[-1].split()[-5:] == ["100", "-", "1234", "0.9000", "0.0200"]
+    assert "running (no results.json)" in text and text.splitlines()[-1].split()[-5:] == [
+        "100",
+        "-",
+        "1234",
+        "0.9000",
+        "0.0200",
+    ]
 
 
 def test_confusion_matrix_checks_its_shape(tmp_path):
@@ -103,7 +110,13 @@ def test_report_command(tmp_path, capsys, monkeypatch):
     assert _cli(["report", str(ddp), str(zero), "--output", str(tmp_path / "cmp.png")]) == 0
     out = capsys.readouterr().out
     assert "DEEPSPEED ZeRO-2, 2 proc" in out and f"wrote {tmp_path / 'cmp.png'}" in out
-    for path in (ddp / CURVES_FILE, ddp / CONFUSION_FILE, zero / CURVES_FILE, zero / CONFUSION_FILE, tmp_path / "cmp.png"):
+    for path in (
+        ddp / CURVES_FILE,
+        ddp / CONFUSION_FILE,
+        zero / CURVES_FILE,
+        zero / CONFUSION_FILE,
+        tmp_path / "cmp.png",
+    ):
         assert_png(path, min_size=(200, 200))
     # Several runs without --output: the comparison goes to ./comparison.png.
     monkeypatch.chdir(tmp_path)
@@ -114,8 +127,10 @@ def test_report_command(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("setup, message", [
     (lambda p: None, "run directory {p} does not exist"),
     (lambda p: p.mkdir(), "{p} has no metrics.jsonl (not a training output directory?)"),
-    (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_text("")), "{p}/metrics.jsonl has no rows yet (no evaluation has finished)"),
-    (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_text('{"step": 1}\n{oops\n')), "{p}/metrics.jsonl:2: not a JSON line"),
+    (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_text("")),
+     "{p}/metrics.jsonl has no rows yet (no evaluation has finished)"),
+    (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_text('{"step": 1}\n{oops\n')),
+     "{p}/metrics.jsonl:2: not a JSON line"),
 ])  # fmt: skip
 def test_report_errors_name_the_directory(tmp_path, setup, message):
     good = make_run(tmp_path / "good")

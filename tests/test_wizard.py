@@ -30,7 +30,8 @@ COMMON_START = [
 ]
 SCENARIOS = {
     # "No distributed training", CPU only.
-    "cpu": COMMON_START + [
+    "cpu": [
+        *COMMON_START,
         ("Which type of machine are you using?", "0" + ENTER),
         ("Do you want to run your training on CPU only", "yes\n"),
         ("Do you wish to optimize your script with torch dynamo?", "no\n"),
@@ -38,7 +39,8 @@ SCENARIOS = {
         ("Do you wish to use mixed precision?", "0" + ENTER),  # no
     ],
     # "multi-CPU" with 2 processes and no mpirun.
-    "multi_cpu": COMMON_START + [
+    "multi_cpu": [
+        *COMMON_START,
         ("Which type of machine are you using?", "1" + ENTER),
         ("How many different machines will you use", "1\n"),
         ("Should distributed operations be checked while running for errors?", "no\n"),
@@ -50,7 +52,8 @@ SCENARIOS = {
     # "multi-GPU" (chosen with the arrow keys), then DeepSpeed ZeRO-2 on 2 processes. No GPU
     # id or NUMA question: they are not asked once DeepSpeed is on. Mixed precision "no": fp16
     # does not run on CPU.
-    "zero2": COMMON_START + [
+    "zero2": [
+        *COMMON_START,
         ("Which type of machine are you using?", DOWN * 4 + ENTER),
         ("How many different machines will you use", "1\n"),
         ("Should distributed operations be checked while running for errors?", "no\n"),
@@ -72,15 +75,15 @@ SCENARIOS = {
 EXPECTED = {
     # The file is exactly accelerate_configs/cpu.yaml.
     "cpu": dict(yaml={"distributed_type": "NO", "num_processes": 1, "use_cpu": True},
-                run=("NO", 1, 0)),  # fmt: skip
+                run=("NO", 1, 0)),
     # MULTI_CPU with num_processes 2, but without an mpirun hostfile `accelerate launch` uses its
     # simple launcher: ONE python process, which sees world size 1 (hence multi_cpu.yaml is
     # MULTI_GPU + use_cpu, launched through torchrun).
     "multi_cpu": dict(yaml={"distributed_type": "MULTI_CPU", "num_processes": 2, "use_cpu": True},
-                      run=("NO", 1, 0)),  # fmt: skip
+                      run=("NO", 1, 0)),
     "zero2": dict(yaml={"distributed_type": "DEEPSPEED", "num_processes": 2, "use_cpu": False},
-                  run=("DEEPSPEED", 2, 2)),  # fmt: skip
-}
+                  run=("DEEPSPEED", 2, 2)),
+}  # fmt: skip
 TRAIN_ARGS = ["--model", "linear", "--max-steps", "20", "--no-download"]
 
 

@@ -1,7 +1,8 @@
-"""Plain PyTorch MNIST training (no Accelerate, no DeepSpeed): the reference for overhead.
+r"""Plain PyTorch MNIST training (no Accelerate, no DeepSpeed): the reference for overhead.
 
     python benchmarks/baselines/plain_pytorch.py --model cnn --batch-size 512 --epochs 1 --data device
-    python benchmarks/baselines/plain_pytorch.py --model linear --batch-size 64 --data dataloader --cpu --threads 2 --max-steps 200
+    python benchmarks/baselines/plain_pytorch.py --model linear --batch-size 64 --data dataloader \
+        --cpu --threads 2 --max-steps 200
 
 Two data paths:
   --data dataloader  torch DataLoader over accel_mnist's ImageTensorDataset (per-sample
@@ -183,10 +184,14 @@ def main(argv=None) -> int:
     result = run(args)
     config = {k: v for k, v in vars(args).items() if k not in ("out", "tag")}
     record = {"benchmark": "plain_pytorch", "config": config, **result}
-    tag = f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}{args.tag and '-' + args.tag}"
+    tag = (
+        f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}{args.tag and '-' + args.tag}"
+    )
     benchlib.record_result("plain_pytorch", tag, record, COLUMNS, args.out)
-    print(f"plain_pytorch {tag}: {result['samples_per_second']:.0f} samples/s, {result['ms_per_step']:.3f} ms/step, "
-          f"train {result['train_seconds']:.2f} s, test_accuracy {result.get('test_accuracy', float('nan')):.4f}")
+    print(
+        f"plain_pytorch {tag}: {result['samples_per_second']:.0f} samples/s, {result['ms_per_step']:.3f} ms/step, "
+        f"train {result['train_seconds']:.2f} s, test_accuracy {result.get('test_accuracy', float('nan')):.4f}"
+    )
     return 0
 
 

@@ -60,7 +60,7 @@ COLUMNS = ["world_size", "fp16", "epochs_run", "steps", "samples_per_second", "m
 # 定义一个简单的模型 (the post's model, unchanged)
 class SimpleModel(nn.Module):
     def __init__(self):
-        super(SimpleModel, self).__init__()
+        super().__init__()
         self.fc = nn.Linear(784, 10)  # 假设输入为28x28的图像
 
     def forward(self, x):
@@ -188,8 +188,10 @@ def main() -> int:
         }  # fmt: skip
         benchlib.record_result("seed_fixed", f"w{world}-{'fp16' if cuda else 'fp32'}-s{steps}", record,
                                COLUMNS, args.out)  # fmt: skip
-        print(f"seed_fixed: {steps} steps in {train_seconds:.2f} s ({record['samples_per_second']:.0f} samples/s "
-              f"per rank), test_accuracy {correct / total:.4f}")
+        print(
+            f"seed_fixed: {steps} steps in {train_seconds:.2f} s ({record['samples_per_second']:.0f} samples/s "
+            f"per rank), test_accuracy {correct / total:.4f}"
+        )
     dist.barrier()
     return 0
 
