@@ -10,8 +10,7 @@ times (other load on the machine then hits all of them alike); the median of eac
   plain/dataloader   benchmarks/baselines/plain_pytorch.py, torch DataLoader
   plain/device       benchmarks/baselines/plain_pytorch.py, whole split in memory
   accel/torch        accel_mnist.train(), data_loader=torch (the prepared DataLoader)
-  accel/device       accel_mnist.train() with the DeviceLoader (config data_loader=device
-                     once the loop reads it; until then build_dataloaders is patched)
+  accel/device       accel_mnist.train() with the DeviceLoader (config data_loader=device)
 
 A forward pre-hook on the model stamps every training step in both loops (train() takes the
 model as an argument), so on CPU ms/step is the steady-state median interval between steps
@@ -25,7 +24,6 @@ accelerate 1.15's `is_lomo_available()`, which AcceleratedOptimizer.step calls t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import tempfile
@@ -82,58 +80,15 @@ def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_di
     from accel_mnist import loop
     from accel_mnist.config import TrainConfig
 
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = dict(model=model, batch_size=batch_size, max_steps=steps, data_dir=data_dir, download=False,
-                  output_dir=out, overwrite=True, quiet=True, eval_batch_size=1000)  # fmt: skip
-    # Switch off what a timing run does not need, where this version has the switch.
-    for key, value in (("export", False), ("save_checkpoints", False)):
-        if key in names:
-            values[key] = value
-    wired = "data_loader" in names and _loop_reads_data_loader()
-    if wired:
-        values["data_loader"] = data_loader
-    config = TrainConfig(**values)
-    patch = not wired and data_loader == "device"
-    if patch:  # an older loop: hand it DeviceLoaders through build_dataloaders
-        original = loop.build_dataloaders
-        loop.build_dataloaders = _device_build_dataloaders(original)
+    config = TrainConfig(model=model, batch_size=batch_size, max_steps=steps, data_dir=data_dir, download=False,
+                         output_dir=out, overwrite=True, quiet=True, eval_batch_size=1000, export=False,
+                         save_checkpoints=False, data_loader=data_loader)  # fmt: skip
     net = timed_model(model)
-    try:
-        results = loop.train(config, model=net)
-    finally:
-        if patch:
-            loop.build_dataloaders = original
-    if wired and results.get("data_loader", data_loader) != data_loader:
-        raise RuntimeError(f"asked for data_loader={data_loader}, the run used {results.get('data_loader')}")
+    results = loop.train(config, model=net)
+    if results["data_loader"] != data_loader:
+        raise RuntimeError(f"asked for data_loader={data_loader}, the run used {results['data_loader']}")
     return {"steps": results["steps"], "train_seconds": results["train_seconds"],
-            "test_accuracy": results.get("test_accuracy"), "wired": wired, **step_stats(net.step_times)}  # fmt: skip
-
-
-def _loop_reads_data_loader() -> bool:
-    """Whether train() already honours TrainConfig.data_loader (then no patching is needed)."""
-    import inspect
-
-    from accel_mnist import loaders, loop
-
-    return any("data_loader" in inspect.getsource(m) or "DeviceLoader" in inspect.getsource(m) for m in (loop, loaders))
-
-
-def _device_build_dataloaders(original):
-    """build_dataloaders with the two loaders replaced by DeviceLoaders (other items kept)."""
-    from accelerate import PartialState
-
-    from accel_mnist.device_loader import DeviceLoader
-
-    def build(train_set, test_set, config):
-        built = original(train_set, test_set, config)
-        state = PartialState()
-        common = dict(device=state.device, num_processes=state.num_processes, process_index=state.process_index)
-        train = DeviceLoader.from_dataset(train_set, batch_size=config.batch_size, shuffle=True,
-                                          seed=config.seed, **common)  # fmt: skip
-        test = DeviceLoader.from_dataset(test_set, batch_size=config.eval_batch_size, shuffle=False, **common)
-        return (train, test, *built[2:]) if isinstance(built, tuple) else (train, test)
-
-    return build
+            "test_accuracy": results.get("test_accuracy"), **step_stats(net.step_times)}  # fmt: skip
 
 
 def plain_run(model: str, batch_size: int, steps: int, data: str, threads: int, data_dir: str, gpu: bool) -> dict:
