@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .errors import DataError
+from .errors import DataError, one_line
 
 __all__ = [
     "DATASETS",
@@ -72,12 +72,6 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _one_line(text: object) -> str:
-    # Library exceptions (torchvision's download errors especially) span lines; the CLI
-    # prints errors as a single line.
-    return " ".join(str(text).split())
-
-
 def _spec(name: str) -> DatasetSpec:
     try:
         return DATASETS[name]
@@ -98,12 +92,12 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise DataError(f"{path}: cannot read file ({_one_line(exc.strerror or exc)})") from None
+        raise DataError(f"{path}: cannot read file ({one_line(exc.strerror or exc)})") from None
     if raw[:2] == _GZIP_MAGIC:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as exc:
-            raise DataError(f"{path}: corrupt gzip stream ({_one_line(exc)})") from None
+            raise DataError(f"{path}: corrupt gzip stream ({one_line(exc)})") from None
     if len(raw) < 4:
         raise DataError(f"{path}: too short for an IDX header ({len(raw)} bytes)")
     (magic,) = struct.unpack(">I", raw[:4])
@@ -161,7 +155,7 @@ def download(name: str, data_dir: str | os.PathLike | None) -> None:
         for train in (True, False):
             cls(root=str(root), train=train, download=True)
     except Exception as exc:  # noqa: BLE001 - any failure here means "no data", reported as such
-        reason = _one_line(exc) or type(exc).__name__
+        reason = one_line(exc)
         raise DataError(
             f"could not download {name} into {root}: {reason}; "
             "put the four IDX files there (see README) or pass --data-dir"

@@ -15,3 +15,12 @@ class ConfigError(UsageError, ValueError):
 
 class DataError(UsageError):
     """A dataset file is missing, truncated or not what its name says."""
+
+
+def one_line(message: object) -> str:
+    """`message` (text or an exception) as one line: library errors often span several,
+    and the CLI prints each error as a single `error: ...` line."""
+    text = " ".join(str(message).split())
+    if not text and isinstance(message, BaseException):
+        return type(message).__name__
+    return text

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UsageError
+from .errors import UsageError, one_line
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
@@ -225,13 +225,13 @@ def _deepspeed_checkpoint_weights(ckpt: Path, trust: bool) -> dict[str, torch.Te
             return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DEEPSPEED_TAG)
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
-        what = found.group(1) if found else _one_line(e)
+        what = found.group(1) if found else one_line(e)
         raise UsageError(
             f"{shard_dir}: holds a pickled {what}, which is not unpickled unless you trust the checkpoint "
             "(--trust-checkpoint)"
         ) from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise UsageError(f"{shard_dir}: incomplete or unreadable DeepSpeed checkpoint: {_one_line(e)}") from None
+        raise UsageError(f"{shard_dir}: incomplete or unreadable DeepSpeed checkpoint: {one_line(e)}") from None
 
 
 @contextlib.contextmanager
@@ -304,7 +304,7 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
     try:
         model.load_state_dict(weights, strict=True)
     except RuntimeError as e:
-        raise UsageError(f"{weights_file}: does not fit model {name!r}: {_one_line(e)}") from None
+        raise UsageError(f"{weights_file}: does not fit model {name!r}: {one_line(e)}") from None
     return model.eval()
 
 
@@ -327,7 +327,7 @@ def _read_json(file: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        raise UsageError(f"{file}: not valid JSON: {_one_line(e)}") from None
+        raise UsageError(f"{file}: not valid JSON: {one_line(e)}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -341,7 +341,7 @@ def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(file, device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
-        raise UsageError(f"{file}: not a valid safetensors file ({_one_line(e)})") from None
+        raise UsageError(f"{file}: not a valid safetensors file ({one_line(e)})") from None
 
 
 def _check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, name: str) -> None:
@@ -360,7 +360,3 @@ def _check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, 
             break
     if problems:
         raise UsageError(f"{where} do not fit model {name!r}: {'; '.join(problems)}")
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__

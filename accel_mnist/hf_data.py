@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .data import ImageTensorDataset
-from .errors import DataError
+from .errors import DataError, one_line
 
 __all__ = ["load_hf_datasets", "find_columns", "split_to_tensors", "pixel_mean_std"]
 
@@ -99,12 +99,8 @@ def _load(spec: str, name: str, download: bool) -> Any:
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "no data"
-        reason = _one_line(exc) or type(exc).__name__
+        reason = one_line(exc)
         raise DataError(f"{spec}: could not load: {type(exc).__name__}: {reason}") from None
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 def _is_2d_array(feature: Any) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
+from .errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -112,9 +112,9 @@ def _open_image(path: Path) -> Any:
         except UnidentifiedImageError:
             return None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise UsageError(f"{path}: image too large, not decoded ({_one_line(e)})") from None
+            raise UsageError(f"{path}: image too large, not decoded ({one_line(e)})") from None
         except OSError as e:
-            raise UsageError(f"{path}: cannot read image ({_one_line(e)})") from None
+            raise UsageError(f"{path}: cannot read image ({one_line(e)})") from None
         with image:
             width, height = image.size
             if width * height > MAX_PIXELS:
@@ -125,7 +125,7 @@ def _open_image(path: Path) -> Any:
                 image.load()
                 return ImageOps.exif_transpose(image)  # photos store their rotation apart
             except (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning) as e:
-                raise UsageError(f"{path}: cannot decode image ({_one_line(e)})") from None
+                raise UsageError(f"{path}: cannot decode image ({one_line(e)})") from None
 
 
 def _image_tensor(image: Any, mean: float, std: float) -> torch.Tensor:
@@ -171,10 +171,6 @@ def _read_idx_images(path: Path) -> torch.Tensor:
             f"{path}: expected IDX images of shape (N, 28, 28) uint8, found {records.shape} {records.dtype}"
         )
     return torch.from_numpy(records)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 # Subcommands. cli.py adds them with `register(subparsers)` and calls `args.handler(args)`.
