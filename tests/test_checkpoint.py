@@ -275,3 +275,67 @@ def _find_rank(launcher_pid: int, rank: int) -> int:
         if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
             return int(pid)
     raise AssertionError(f"no worker with RANK={rank}")
+
+
+# The same faults with two processes: a script run by `accelerate launch` patches the save
+# or passes a model that turns NaN, since neither can be asked for on the command line.
+FAULT_SCRIPT = """
+import json, os, signal, sys
+from accelerate import Accelerator
+from torch import nn
+from accel_mnist import TrainConfig, train
+
+config = TrainConfig.from_dict(json.loads(sys.argv[2]))
+if sys.argv[1] == "die_in_second_save":
+    real, calls = Accelerator.save_state, []
+    def dying_save(self, output_dir=None, **kw):
+        calls.append(1)
+        result = real(self, output_dir, **kw)
+        if len(calls) == 2 and self.is_main_process:
+            os.kill(os.getpid(), signal.SIGKILL)  # rank 0 dies with its shard written
+        return result
+    Accelerator.save_state = dying_save
+    train(config)
+elif sys.argv[1] == "plain":
+    train(config)
+else:
+    class NaNAfter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.calls = nn.Linear(784, 10), 0
+        def forward(self, x):
+            self.calls += self.training
+            out = self.fc(x.flatten(1))
+            return out * float("nan") if self.training and self.calls >= 25 else out
+    train(config, model=NaNAfter())
+"""
+
+
+def launch_script(launch: list[str], tmp_path: Path, mode: str, config: TrainConfig):
+    script = tmp_path / "fault.py"
+    script.write_text(FAULT_SCRIPT)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    cmd = [accelerate, "launch", *launch, str(script), mode, json.dumps(config.to_dict())]
+    return run(cmd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
+def test_two_process_death_inside_a_save_keeps_the_previous_checkpoint(strategy, config, tmp_path):
+    proc = launch_script(STRATEGIES[strategy], tmp_path, "die_in_second_save", config)
+    assert proc.returncode != 0
+    assert [p.name for p in ckpt.list_checkpoints(config.output_dir)] == ["step_20"]
+    proc = launch_script(STRATEGIES[strategy], tmp_path, "plain", config.replace(resume_from="latest"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((Path(config.output_dir) / "results.json").read_text())["steps"] == 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_two_process_persistent_nan_stops_every_rank(strategy, config, tmp_path):
+    bad = config.replace(max_nonfinite=3, log_every=1, eval_every=0)
+    proc = launch_script(STRATEGIES[strategy], tmp_path, "nan", bad)
+    assert proc.returncode != 0
+    assert "not finite for 3 optimizer steps" in proc.stderr
+    last = ckpt.list_checkpoints(config.output_dir)[-1]
+    assert last.name == "step_20"
