@@ -25,10 +25,6 @@ does (registered while it is iterated, `end_of_dataloader` set before the last b
   `GradientState.end_of_dataloader` is False and the gathered duplicates are returned);
 * `accelerator.accumulate` syncs gradients at the end of the epoch when the number of
   batches is not a multiple of the accumulation steps, as with a prepared loader.
-
-For evaluation that does not depend on Accelerate internals, `iter_eval_shard()` yields
-disjoint shards (no sample twice, none missed) with their valid-row counts; sum the
-per-process statistics with one `accelerator.reduce(..., "sum")` at the end.
 """
 
 from __future__ import annotations
@@ -38,15 +34,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from accelerate.state import GradientState
 
-__all__ = ["DATA_LOADERS", "DeviceLoader", "choose_data_loader", "device_loader_fits"]
+from .config import DATA_LOADERS
 
-DATA_LOADERS = ("auto", "torch", "device")
-
-try:  # accelerate is a dependency, but keep the loader usable (and testable) without it
-    from accelerate.state import GradientState
-except ImportError:  # pragma: no cover
-    GradientState = None  # type: ignore[assignment,misc]
+__all__ = ["DeviceLoader", "choose_data_loader", "device_loader_fits"]
 
 
 class DeviceLoader:
@@ -110,7 +102,7 @@ class DeviceLoader:
         self.process_index = process_index
         self.drop_last = drop_last
         self.torch_order = torch_order
-        self.register_with_accelerate = register_with_accelerate and GradientState is not None
+        self.register_with_accelerate = register_with_accelerate
         # 0-dim tensors on the device, not Python scalars: CUDA divides by a CPU scalar as a
         # multiplication by its reciprocal (1 ulp off); by a device tensor it divides exactly,
         # so the batches equal ImageTensorDataset's bit for bit on every device.
@@ -248,28 +240,6 @@ class DeviceLoader:
         # A completed pass moves to the next epoch, as a prepared DataLoaderShard does.
         self.epoch += 1
         self.position = 0
-
-    def iter_eval_shard(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Disjoint shards for evaluation: every sample exactly once over all processes.
-
-        Contiguous equal-as-possible slices of the order (process r gets
-        `order[r*N//P:(r+1)*N//P]`), cut into batches of `batch_size`. Every process yields
-        the same number of batches (`eval_batches()`); a process whose slice runs out first
-        yields empty (0-row) batches, so that forward passes that communicate (ZeRO-3 gathers
-        the weights in every forward) stay in step. Accumulate sums locally and combine them
-        with one `accelerator.reduce(t, "sum")` afterwards; do not gather per batch (the
-        batches differ in size across processes).
-        """
-        order = self.permutation()
-        n, p, r = self.num_samples, self.num_processes, self.process_index
-        shard = order[r * n // p : (r + 1) * n // p].to(self.device)
-        b = self.batch_size
-        for i in range(self.eval_batches()):
-            yield self._batch(shard[i * b : (i + 1) * b])
-
-    def eval_batches(self) -> int:
-        """Batches per process of `iter_eval_shard()` (the same on every process)."""
-        return math.ceil(math.ceil(self.num_samples / self.num_processes) / self.batch_size)
 
     def __repr__(self) -> str:
         return (
