@@ -40,6 +40,7 @@ class TrainState:
     loss_sums: list[float] = field(default_factory=list)  # per rank, since the last evaluation
     loss_count: int = 0
     skipped_steps: int = 0
+    total_steps: int = 0  # what onecycle/cosine were sized for
     strategy: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     # What `accel-mnist export` needs to rebuild the model: the registry name (or the class
@@ -79,8 +80,10 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: Tra
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+        for old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in root.glob(".tmp_step_*"):  # left by saves that crashed
+            shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 
@@ -108,8 +111,17 @@ def read_state(path: Path) -> TrainState:
         raise UsageError(f"{path / STATE_FILE}: unreadable checkpoint state ({e})") from None
 
 
-def check_compatible(saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+def check_compatible(
+    saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path, total_steps: int
+) -> None:
     """Refuse to resume into a run that would silently mean something else."""
+    if saved.step >= total_steps:
+        raise UsageError(f"{path} is already at step {saved.step} of {total_steps}: nothing left to train")
+    if config.get("scheduler") in ("onecycle", "cosine") and saved.total_steps not in (0, total_steps):
+        raise UsageError(
+            f"{path} was saved with a {config['scheduler']} schedule over {saved.total_steps} steps but this run "
+            f"has {total_steps}; keep --epochs/--max-steps as they were (or use --scheduler none or step)"
+        )
     for key in ("num_processes", "zero_stage", "distributed_type"):
         if saved.strategy.get(key) != strategy.get(key):
             raise UsageError(

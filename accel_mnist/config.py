@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from .errors import ConfigError
+from .errors import ConfigError, one_line
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
@@ -151,7 +151,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError, UnicodeDecodeError) as e:
         kind = "JSON" if path.suffix == ".json" else "YAML"
-        raise ConfigError(f"{path}: not valid {kind}: {_first_line(e)}") from None
+        raise ConfigError(f"{path}: not valid {kind}: {one_line(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -202,7 +202,3 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 def _at_least(key: str, value: int, low: int) -> None:
     if value < low:
         raise ConfigError(f"{key}: must be >= {low}, got {value}")
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -63,8 +63,9 @@ def load_hf_datasets(
     image_col, label_col = find_columns(dsdict["train"], spec)
     train_x, train_y = split_to_tensors(dsdict["train"], image_col, label_col, f"{spec} train")
     test_x, test_y = split_to_tensors(dsdict["test"], image_col, label_col, f"{spec} test")
-    if len(train_x) == 0:
-        raise DataError(f"{spec}: the train split is empty")
+    for split, images in (("train", train_x), ("test", test_x)):
+        if len(images) == 0:
+            raise DataError(f"{spec}: the {split} split is empty")
     mean, std = pixel_mean_std(train_x)
     return (
         ImageTensorDataset(train_x, train_y, mean=mean, std=std),

@@ -23,7 +23,11 @@ class Loaders:
     """Training and evaluation batches for this process, whichever path holds the data."""
 
     def __init__(self, train_set: Any, test_set: Any, config: TrainConfig, accelerator: Accelerator) -> None:
-        self.kind = choose_data_loader(config.data_loader, [train_set, test_set], accelerator.device)
+        kind = choose_data_loader(config.data_loader, [train_set, test_set], accelerator.device)
+        # Each process judges "fits" by its own device's free memory, but all must take the same
+        # path: the torch path's loaders synchronise RNG states, a collective the other lacks.
+        votes = accelerator.gather(torch.tensor([kind == "device"], device=accelerator.device))
+        self.kind = "device" if bool(votes.all()) else "torch"
         self.seed = config.seed
         self.accelerator = accelerator
         if self.kind == "device":

@@ -21,7 +21,7 @@ from .errors import UsageError
 from .loaders import Loaders
 from .models import build_model, num_parameters
 from .optim import build_optimizer, build_scheduler
-from .outputs import RunOutputs
+from .outputs import RunOutputs, check_output_dir
 from .runtime import build_accelerator, describe
 from .versions import versions
 
@@ -39,13 +39,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     strategy = describe(accelerator)
     resume = ckpt.resolve_checkpoint(config.resume_from, config.output_dir) if config.resume_from else None
     state = ckpt.read_state(resume) if resume else ckpt.TrainState()
-    if resume:
-        ckpt.check_compatible(state, strategy, config.to_dict(), resume)
-    state.strategy, state.config = strategy, config.to_dict()
-    outputs = RunOutputs(accelerator, config, resume_step=state.step if resume else None)
-    if config.report_to != "none":
-        hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
-        accelerator.init_trackers("accel_mnist", config=hparams)
+    check_output_dir(config, resuming=resume is not None)
 
     set_seed(config.seed)
     with accelerator.main_process_first():  # the main process downloads, the others then read
@@ -60,10 +54,14 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
-    if resume and state.step >= total_steps:
-        raise UsageError(
-            f"{resume} is already at step {state.step} of {total_steps}; raise --epochs or --max-steps to train on"
-        )
+    if resume:
+        ckpt.check_compatible(state, strategy, config.to_dict(), resume, total_steps)
+    state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
+    # Only now, with every check passed, is anything in the output directory touched.
+    outputs = RunOutputs(accelerator, config, resume_step=state.step if resume else None)
+    if config.report_to != "none":
+        hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
+        accelerator.init_trackers("accel_mnist", config=hparams)
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -75,7 +73,10 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     input_dtype = next(model.parameters()).dtype
     rank = accelerator.process_index
     loss_sum = torch.tensor(state.loss_sums[rank] if state.loss_sums else 0.0, device=accelerator.device)
+    # Non-finite steps in a row, and the longest such run, counted on the device (no host sync).
     nonfinite_run = torch.zeros((), dtype=torch.int64, device=accelerator.device)
+    nonfinite_worst = torch.zeros_like(nonfinite_run)
+    step_nonfinite = torch.zeros((), dtype=torch.bool, device=accelerator.device)
     metrics: dict[str, Any] = {}
     confusion_matrix: list[list[int]] = []
     bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True,
@@ -83,7 +84,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
 
     def check_finite() -> None:
         # Collective, so that every rank stops together rather than one waiting for the others.
-        if accelerator.gather(nonfinite_run.reshape(1)).max().item() >= config.max_nonfinite:
+        if accelerator.gather(nonfinite_worst.reshape(1)).max().item() >= config.max_nonfinite:
             raise NonFiniteLossError(
                 f"loss was not finite for {config.max_nonfinite} optimizer steps in a row (at step "
                 f"{state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(config.output_dir)}"
@@ -135,6 +136,7 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
                 optimizer.step()
                 optimizer.zero_grad()
             loss_sum += loss.detach()
+            step_nonfinite |= ~torch.isfinite(loss.detach())
             state.loss_count += 1
             state.batches_in_epoch += 1
             state.samples += labels.shape[0]
@@ -143,7 +145,9 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
             scheduler.step()
             state.step += 1
             state.skipped_steps += int(optimizer.step_was_skipped)
-            nonfinite_run = torch.where(torch.isfinite(loss.detach()), 0, nonfinite_run + 1)
+            nonfinite_run = torch.where(step_nonfinite, nonfinite_run + 1, 0)
+            nonfinite_worst = torch.maximum(nonfinite_worst, nonfinite_run)
+            step_nonfinite.zero_()
             bar.update(1)
             if state.step % config.log_every == 0:
                 check_finite()

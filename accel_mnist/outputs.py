@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,25 +29,48 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def check_output_dir(config: TrainConfig, resuming: bool) -> None:
+    """Refuse to start afresh over an earlier run's results or checkpoints (nothing saved is lost).
+
+    Called on every rank, so that all of them stop rather than some waiting forever.
+    """
+    from .checkpoint import list_checkpoints
+
+    out = Path(config.output_dir)
+    earlier = list_checkpoints(out)
+    if resuming or config.overwrite or not ((out / RESULTS_FILE).exists() or earlier):
+        return
+    what = f"a finished run ({RESULTS_FILE})" if (out / RESULTS_FILE).exists() else f"checkpoints ({earlier[-1].name})"
+    raise UsageError(
+        f"{out} already holds {what}; pass --resume-from latest to continue it, "
+        "--overwrite to replace it, or choose another --output-dir"
+    )
+
+
 class RunOutputs:
     """The output directory of one run; every write happens on the main process alone."""
 
     def __init__(self, accelerator: Accelerator, config: TrainConfig, resume_step: int | None = None) -> None:
         """Prepare the directory; `resume_step` keeps the metrics rows up to that step."""
+        from .checkpoint import checkpoint_dir, list_checkpoints
+
         self.accelerator = accelerator
         self.dir = Path(config.output_dir)
         results = self.dir / RESULTS_FILE
-        if results.exists() and not config.overwrite and resume_step is None:
-            # Checked on every rank, so that all of them stop rather than some waiting forever.
-            raise UsageError(
-                f"{self.dir} already holds a finished run ({RESULTS_FILE}); "
-                "pass --overwrite to replace it or choose another --output-dir"
-            )
+        earlier = list_checkpoints(self.dir)
+        check_output_dir(config, resuming=resume_step is not None)
+        try:  # on every rank (exist_ok), so that a failure stops them all alike
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create output directory {self.dir}: {e.strerror}") from None
+        accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            try:
-                self.dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise UsageError(f"cannot create output directory {self.dir}: {e.strerror}") from None
+            if resume_step is None:  # --overwrite: the earlier run's checkpoints go too
+                shutil.rmtree(checkpoint_dir(self.dir), ignore_errors=True)
+            else:  # checkpoints after the resume point belong to a future that is rewritten
+                for later in earlier:
+                    if int(later.name.split("_")[1]) > resume_step:
+                        shutil.rmtree(later, ignore_errors=True)
             write_json_atomic(self.dir / CONFIG_FILE, config.to_dict())
             self._truncate_metrics(resume_step)
             results.unlink(missing_ok=True)

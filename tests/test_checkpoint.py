@@ -339,3 +339,56 @@ def test_two_process_persistent_nan_stops_every_rank(strategy, config, tmp_path)
     assert "not finite for 3 optimizer steps" in proc.stderr
     last = ckpt.list_checkpoints(config.output_dir)[-1]
     assert last.name == "step_20"
+
+
+def test_a_fresh_run_does_not_start_over_an_earlier_runs_checkpoints(config):
+    train(config.replace(max_steps=20))
+    (Path(config.output_dir) / "results.json").unlink()  # as if it had been killed
+    with pytest.raises(UsageError, match=r"already holds checkpoints \(step_20\).*--resume-from latest"):
+        train(config)
+    train(config.replace(overwrite=True, max_steps=40, checkpoint_every=0))  # --overwrite: a new run
+    assert [p.name for p in ckpt.list_checkpoints(config.output_dir)] == ["step_40"]
+
+
+def test_resume_from_an_older_checkpoint_drops_the_newer_ones(config):
+    train(config.replace(keep_checkpoints=3))  # step_20, step_40, step_60
+    out = Path(config.output_dir)
+    (out / "results.json").unlink()
+    step_20 = ckpt.checkpoint_dir(out) / "step_20"
+    train(config.replace(resume_from=str(step_20), max_steps=50, checkpoint_every=0, keep_checkpoints=3))
+    # step_40 and step_60 belonged to the earlier future; latest must be this run's end.
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_20", "step_50"]
+
+
+def test_resuming_a_finished_run_keeps_its_results(config):
+    train(config)
+    results = (Path(config.output_dir) / "results.json").read_text()
+    with pytest.raises(UsageError, match="already at step 60 of 60"):
+        train(config.replace(resume_from="latest"))
+    assert (Path(config.output_dir) / "results.json").read_text() == results
+
+
+def test_a_sized_schedule_cannot_be_stretched_on_resume(config):
+    onecycle = config.replace(scheduler="onecycle")
+    with pytest.raises(OSError):  # die after the first checkpoint (step 20)
+        _train_dying_in_save(onecycle, save_number=2)
+    with pytest.raises(UsageError, match="onecycle schedule over 60 steps but this run has 100"):
+        train(onecycle.replace(resume_from="latest", max_steps=100))
+    assert train(onecycle.replace(resume_from="latest"))["steps"] == 60
+
+
+def _train_dying_in_save(config, save_number):
+    from unittest import mock
+
+    from accelerate import Accelerator
+
+    real, calls = Accelerator.save_state, []
+
+    def failing(self, output_dir=None, **kwargs):
+        calls.append(1)
+        if len(calls) == save_number:
+            raise OSError("disk full")
+        return real(self, output_dir, **kwargs)
+
+    with mock.patch.object(Accelerator, "save_state", failing):
+        train(config)

@@ -347,4 +347,4 @@ def test_outside_prepare_under_two_process_deepspeed_zero2(mnist_dir):
     report = json.loads(lines[-1])
     assert report["distributed_type"] == "DEEPSPEED" and report["num_processes"] == 2 and report["zero_stage"] == 2
     assert all(report["checks"].values()), report["checks"]
-    assert report["gather_count"] == report["reduce_count"] == 10000
+    assert report["gather_count"] == 10000
