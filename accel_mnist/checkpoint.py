@@ -51,6 +51,7 @@ class TrainState:
 
 
 def checkpoint_dir(output_dir: str | Path) -> Path:
+    """Where a run's checkpoints live."""
     return Path(output_dir) / CHECKPOINTS
 
 
@@ -104,6 +105,7 @@ def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path:
 
 
 def read_state(path: Path) -> TrainState:
+    """The TrainState saved in checkpoint folder `path`; a one-line error if unreadable."""
     try:
         raw = json.loads((path / STATE_FILE).read_text())
         return TrainState(**raw)

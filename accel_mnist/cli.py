@@ -44,6 +44,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `accel-mnist` parser: `train` plus the subcommands other modules register."""
     parser = _Parser(prog="accel-mnist", description="Train MNIST-class models with Accelerate and DeepSpeed.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -102,7 +103,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -117,6 +117,7 @@ class TrainConfig:
             raise ConfigError("output_dir: must not be empty")
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain values, as saved in config.json and checkpoints."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -135,6 +136,7 @@ class TrainConfig:
         return cls(**kwargs)
 
     def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with `changes` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
 

@@ -124,6 +124,7 @@ class DeviceLoader:
 
     @property
     def num_samples(self) -> int:
+        """Samples in the split."""
         return len(self.labels)
 
     @property

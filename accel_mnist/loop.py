@@ -9,7 +9,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from torch import nn
 from tqdm.auto import tqdm
@@ -25,8 +24,6 @@ from .outputs import RunOutputs, check_output_dir
 from .runtime import build_accelerator, describe
 from .versions import versions
 
-logger = get_logger(__name__)
-
 
 def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]:
     """Train `model` (default: the registry's `config.model`) and return results.json's fields.
@@ -36,6 +33,14 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     """
     start = time.perf_counter()
     accelerator = build_accelerator(config)
+    try:
+        return _train(accelerator, config, model, start)
+    finally:
+        # Also on failure: trackers close their runs and the process group is torn down.
+        accelerator.end_training()
+
+
+def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, start: float) -> dict[str, Any]:
     strategy = describe(accelerator)
     resume = ckpt.resolve_checkpoint(config.resume_from, config.output_dir) if config.resume_from else None
     state = ckpt.read_state(resume) if resume else ckpt.TrainState()
@@ -189,10 +194,9 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
 
         write_report(outputs.dir)
     accelerator.wait_for_everyone()
-    # Releasing the prepared objects first: a gloo worker still holding its DDP model at
-    # interpreter exit sometimes aborts ("terminate called without an active exception").
+    # Release the prepared objects before end_training: a gloo worker still holding its DDP
+    # model at interpreter exit sometimes aborts ("terminate called without an active exception").
     accelerator.free_memory(model, optimizer, scheduler, data.train, data.test)
-    accelerator.end_training()
     return results
 
 

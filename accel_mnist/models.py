@@ -99,4 +99,5 @@ def build_model(name: str) -> nn.Module:
 
 
 def num_parameters(model: nn.Module) -> int:
+    """Number of parameters (elements, not tensors)."""
     return sum(p.numel() for p in model.parameters())

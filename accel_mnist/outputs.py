@@ -96,5 +96,6 @@ class RunOutputs:
                 f.write(json.dumps(row, sort_keys=True) + "\n")
 
     def write_results(self, results: dict[str, Any]) -> None:
+        """Write results.json atomically (main process)."""
         if self.accelerator.is_main_process:
             write_json_atomic(self.dir / RESULTS_FILE, results)

@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 
 def versions() -> dict[str, str]:
+    """Installed versions of Python and the libraries a result depends on."""
     out = {"python": platform.python_version()}
     for name in ("torch", "accelerate", "deepspeed", "torchvision", "accel-mnist"):
         try:
