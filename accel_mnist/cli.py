@@ -16,6 +16,7 @@ from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file
 from .errors import UsageError
+from .loop import train
 
 EXIT_USAGE = 2
 
@@ -79,8 +80,6 @@ def _train(args: argparse.Namespace) -> int:
         level=min(logging.WARNING, getattr(logging, level)) if level == "DEBUG" else logging.WARNING,
     )
     logging.getLogger("accel_mnist").setLevel(level)
-    from .loop import train  # deferred: argument errors should not wait for torch and accelerate
-
     train(config)
     return 0
 

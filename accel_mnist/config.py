@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .errors import ConfigError, one_line
+from .models import MODELS
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
@@ -84,8 +85,6 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first key whose value cannot work."""
-        from .models import MODELS  # deferred: keeps `--help` free of the torch import
-
         _choice("model", self.model, tuple(MODELS))
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
             _choice("dataset", self.dataset, DATASET_NAMES + ("hf:NAME_OR_PATH",))

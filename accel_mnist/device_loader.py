@@ -95,7 +95,7 @@ class DeviceLoader:
         self.labels = labels.to(device=self.device, dtype=torch.int64)
         self.mean = float(mean)
         self.std = float(std)
-        self.batch_size = batch_size  # DeepSpeed's accelerate integration reads this name
+        self.batch_size = batch_size  # a torch DataLoader's name for it
         self.shuffle = shuffle
         self.seed = int(seed)
         self.num_processes = num_processes

@@ -103,7 +103,8 @@ def _align_deepspeed(accelerator: Accelerator, config: TrainConfig) -> None:
         old = ds.get(key, "auto")
         # Accumulation and clipping belong to the TrainConfig; say so when the accelerate
         # config asked for something else (1 is the wizard's default for accumulation).
-        if key in _TRAIN_CONFIG_KEYS and old not in ("auto", "none", None, 1, value):
+        unremarkable = ("auto", "none", None, value, *((1,) if key == "gradient_accumulation_steps" else ()))
+        if key in _TRAIN_CONFIG_KEYS and old not in unremarkable:
             logger.warning(f"DeepSpeed config sets {key}={old}; using the training config's {value}")
         ds[key] = value
     # Accelerate keeps its own copy of the accumulation steps and checks it against DeepSpeed's.
