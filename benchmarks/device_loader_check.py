@@ -115,6 +115,9 @@ def main() -> int:
             "accuracy": correct / count, "checks": checks,
         }))  # fmt: skip
     accelerator.wait_for_everyone()
+    # Drop the prepared objects before exit, as the loop does: a gloo worker that still holds
+    # them at interpreter exit sometimes aborts ("terminate called without an active exception").
+    model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     return 0 if all(checks.values()) else 1
 

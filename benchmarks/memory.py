@@ -133,6 +133,7 @@ def measure(args) -> int:
             f"{record['paper_model_states_gib']:.2f} GiB"
         )
     accelerator.wait_for_everyone()
+    model, optimizer = accelerator.free_memory(model, optimizer)  # see loop.py: gloo exit abort
     accelerator.end_training()
     return 0
 

@@ -350,6 +350,7 @@ if accelerator.is_main_process:
     local = [p.data.numel() for p in accelerator.unwrap_model(model).parameters()]
     (out / "info.json").write_text(json.dumps({"dtype": str(dtype), "local_numel": local}))
 accelerator.wait_for_everyone()
+model, optimizer, loader = accelerator.free_memory(model, optimizer, loader)  # see loop.py: gloo exit abort
 accelerator.end_training()
 """
 
