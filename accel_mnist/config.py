@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from .data import DATASETS
 from .errors import ConfigError, one_line
 from .models import MODELS
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
-DATASET_NAMES = ("mnist", "fashion_mnist", "kmnist")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow", "all")
 DATA_LOADERS = ("auto", "device", "torch")
@@ -87,7 +87,7 @@ class TrainConfig:
         """Raise ConfigError naming the first key whose value cannot work."""
         _choice("model", self.model, tuple(MODELS))
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
-            _choice("dataset", self.dataset, DATASET_NAMES + ("hf:NAME_OR_PATH",))
+            _choice("dataset", self.dataset, (*DATASETS, "hf:NAME_OR_PATH"))
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("scheduler", self.scheduler, SCHEDULERS)
         for key in ("epochs", "batch_size", "eval_batch_size", "grad_accum", "log_every"):

@@ -72,6 +72,13 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+def check_label_range(labels: np.ndarray, n_classes: int, where: str, suffix: str = "") -> None:
+    """A one-line DataError naming `where` if any label lies outside 0..n_classes-1."""
+    if len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
+        bad = int(labels.max()) if labels.max() >= n_classes else int(labels.min())
+        raise DataError(f"{where}: label value {bad} out of range 0..{n_classes - 1}{suffix}")
+
+
 def _spec(name: str) -> DatasetSpec:
     try:
         return DATASETS[name]
@@ -204,10 +211,7 @@ def load_split(
     expected = spec.train_records if train else spec.test_records
     if len(images) != expected:
         raise DataError(f"{img_path}: expected {expected} records, found {len(images)} ({name} {split} split)")
-    n_classes = len(spec.classes)
-    if len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
-        bad = int(labels.max()) if labels.max() >= n_classes else int(labels.min())
-        raise DataError(f"{lbl_path}: label value {bad} out of range 0..{n_classes - 1}")
+    check_label_range(labels, len(spec.classes), str(lbl_path))
     return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
 
 

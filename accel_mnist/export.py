@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checkpoint import STATE_FILE
 from .errors import UsageError, one_line
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
-TRAINER_STATE_FILE = "trainer_state.json"
 FORMAT_VERSION = 1
 # What accelerate 1.15's save_state writes for the first prepared model: SAFE_WEIGHTS_NAME
 # (pytorch_model.bin only with safe_serialization=False, which this project never asks for)
@@ -176,15 +176,15 @@ def export_from_checkpoint(
     ckpt = Path(checkpoint_dir)
     if not ckpt.is_dir():
         raise UsageError(f"{ckpt}: no such checkpoint directory")
-    state = _read_json(ckpt / TRAINER_STATE_FILE, "checkpoint state (written with the checkpoint)")
+    state = _read_json(ckpt / STATE_FILE, "checkpoint state (written with the checkpoint)")
     config = state.get("config")
     if not isinstance(config, dict) or not isinstance(config.get("dataset"), str):
-        raise UsageError(f"{ckpt / TRAINER_STATE_FILE}: no training config with a dataset (key 'config')")
+        raise UsageError(f"{ckpt / STATE_FILE}: no training config with a dataset (key 'config')")
     # A user-defined model is trained under a registry name in the config; the checkpoint
     # writer records the class name at the top level.
     model_name = state.get("model") or config.get("model")
     if not isinstance(model_name, str):
-        raise UsageError(f"{ckpt / TRAINER_STATE_FILE}: no model name")
+        raise UsageError(f"{ckpt / STATE_FILE}: no model name")
 
     if (ckpt / DEEPSPEED_TAG).is_dir():
         weights = _deepspeed_checkpoint_weights(ckpt, trust_checkpoint)

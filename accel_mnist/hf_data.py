@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import ImageTensorDataset
+from .data import ImageTensorDataset, check_label_range
 from .errors import DataError, one_line
 
 __all__ = ["load_hf_datasets", "find_columns", "split_to_tensors", "pixel_mean_std"]
@@ -180,9 +180,7 @@ def split_to_tensors(ds: Any, image_col: str, label_col: str, where: str) -> tup
         images[pos : pos + len(x)] = x
         labels[pos : pos + len(y)] = y
         pos += len(x)
-    if n and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-        bad = int(labels.max()) if labels.max() >= NUM_CLASSES else int(labels.min())
-        raise DataError(f"{where}: label value {bad} out of range 0..{NUM_CLASSES - 1} (column {label_col!r})")
+    check_label_range(labels, NUM_CLASSES, where, suffix=f" (column {label_col!r})")
     return torch.from_numpy(images), torch.from_numpy(labels)
 
 
