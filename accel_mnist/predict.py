@@ -63,8 +63,14 @@ def evaluate_exported(
     # The project's builder: it joins CPU processes of a launch in one process group.
     accelerator = build_accelerator(TrainConfig(batch_size=batch_size, eval_batch_size=batch_size))
     model, loader = accelerator.prepare(model, loader)
-    # Under DeepSpeed fp16/bf16 the prepared weights are half precision, and so must inputs be.
-    return evaluate(model, loader, accelerator, next(model.parameters()).dtype)
+    try:
+        # Under DeepSpeed fp16/bf16 the prepared weights are half precision, and so must inputs be.
+        return evaluate(model, loader, accelerator, next(model.parameters()).dtype)
+    finally:
+        # The Accelerator keeps the prepared DDP model in reference cycles that may outlive the
+        # process group; a gloo worker that frees it at exit sometimes aborts ("terminate called
+        # without an active exception"), as loop.py notes. Release it while the group exists.
+        accelerator.free_memory(model, loader)
 
 
 def predict_files(
