@@ -101,6 +101,7 @@ def record_result(bench: str, tag: str, record: dict[str, Any], columns: Sequenc
     """Write the JSON record and append a markdown row of `columns` (keys of record, dotted for nesting)."""
     out_dir = Path(out) if out else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
+    record.setdefault("benchmark", bench)
     hw = record.setdefault("hardware", hardware())
     record.setdefault("versions", versions())
     record.setdefault("date", utc_now())

@@ -16,9 +16,11 @@ A forward pre-hook on the model stamps every training step in both loops (train(
 model as an argument), so on CPU ms/step is the steady-state median interval between steps
 (first 10 left out), then the median over repeats; train_seconds / steps (warm-up included)
 is kept too. Writes one JSON + markdown row per model.
---gpu runs the same four on the GPU (fp32, records gpu_overhead). --cache-lomo-check caches
-accelerate 1.15's `is_lomo_available()`, which AcceleratedOptimizer.step calls twice per step
-(an importlib search of sys.path each time; the largest per-step cost of the accel loop on CPU).
+--gpu runs the same four on the GPU (fp32, records gpu_overhead). --plain-gather index_select
+makes the plain loop gather batches as accel_mnist's DeviceLoader does (`images[idx]`, the
+inline default, costs about 20 us more per batch of 64 on CPU), so that the ratio measures the
+loop alone. (Rows before 2026-11-30 16:00 UTC had `--cache-lomo-check`, which cached
+accelerate's per-step `is_lomo_available()`; accel_mnist now always does.)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch  # noqa: E402
 import benchlib  # noqa: E402
 import plain_pytorch  # noqa: E402
 
-COLUMNS = ["config.model", "config.batch_size", "config.threads", "config.cache_lomo_check", "ms_per_step_basis",
+COLUMNS = ["config.model", "config.batch_size", "config.threads", "config.plain_gather", "ms_per_step_basis",
            "ms_per_step.plain/dataloader",
            "ms_per_step.plain/device", "ms_per_step.accel/torch", "ms_per_step.accel/device",
            "ratio_accel_device_to_plain_device", "ratio_accel_torch_to_plain_dataloader",
@@ -91,9 +93,11 @@ def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_di
             "test_accuracy": results.get("test_accuracy"), **step_stats(net.step_times)}  # fmt: skip
 
 
-def plain_run(model: str, batch_size: int, steps: int, data: str, threads: int, data_dir: str, gpu: bool) -> dict:
+def plain_run(model: str, batch_size: int, steps: int, data: str, threads: int, data_dir: str, gpu: bool,
+              gather: str = "index") -> dict:  # fmt: skip
     args = plain_pytorch.parse_args([
         "--model", model, "--batch-size", str(batch_size), "--max-steps", str(steps), "--data", data,
+        "--gather", gather,
         "--threads", str(threads), "--warmup-steps", "0", "--data-dir", data_dir, *([] if gpu else ["--cpu"]),
     ])  # fmt: skip
     net = timed_model(model)
@@ -115,23 +119,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", default="linear=400,cnn=60", help="steps per run, per model")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--gpu", action="store_true", help="the same comparison on the GPU (fp32; records gpu_overhead)")
-    p.add_argument(
-        "--cache-lomo-check",
-        action="store_true",
-        help="cache accelerate's per-step is_lomo_available() (an importlib search of sys.path "
-        "that AcceleratedOptimizer.step makes twice per step) to measure what it costs",
-    )
+    p.add_argument("--plain-gather", choices=["index", "index_select"], default="index",
+                   help="how plain/device gathers a batch: images[idx] (as written inline) or "
+                   "index_select (what accel_mnist's DeviceLoader calls)")  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if args.cache_lomo_check:
-        import functools
-
-        import accelerate.accelerator
-        import accelerate.optimizer
-
-        cached = functools.cache(accelerate.optimizer.is_lomo_available)
-        accelerate.optimizer.is_lomo_available = cached
-        accelerate.accelerator.is_lomo_available = cached
     import torch as _torch
 
     if args.gpu and not _torch.cuda.is_available():
@@ -152,7 +144,8 @@ def main(argv=None) -> int:
                     torch.manual_seed(0)
                     kind, data = v.split("/")
                     if kind == "plain":
-                        r = plain_run(model, args.batch_size, steps, data, args.threads, data_dir, args.gpu)
+                        r = plain_run(model, args.batch_size, steps, data, args.threads, data_dir, args.gpu,
+                                     args.plain_gather)  # fmt: skip
                     else:
                         r = accel_run(model, args.batch_size, steps, data, data_dir, f"{tmp}/{model}-{data}-{rep}")
                     r["ms_per_step_total"] = r["train_seconds"] / r["steps"] * 1e3
@@ -174,7 +167,7 @@ def main(argv=None) -> int:
             record = {
                 "benchmark": bench,
                 "config": {"model": model, "batch_size": args.batch_size, "threads": args.threads,
-                           "steps": steps, "repeats": args.repeats, "cache_lomo_check": args.cache_lomo_check},
+                           "steps": steps, "repeats": args.repeats, "plain_gather": args.plain_gather},
                 "ms_per_step": ms,
                 "ms_per_step_basis": key,
                 "ms_per_step_total": ms_total,

@@ -10,6 +10,11 @@ or all of them, one launch each:
 
     python benchmarks/memory.py --launch ddp,zero1,zero2,zero3 --gpus 2
 
+Candidates beside the shipped settings: `ddp_bucket_view` (DDP's gradient_as_bucket_view),
+`*_fused_adam` (torch.optim.Adam(fused=True) instead of the default foreach Adam) and
+`zeroN_small_buckets` (benchmarks/configs/zeroN_small_buckets.json: DeepSpeed's bucket,
+prefetch and live-parameter sizes cut 10x from their defaults).
+
 Model: 784 -> H -> (H -> H) x L -> 10 with ReLU, default H=20480, L=3: 1.275B parameters.
 fp16 (DDP: autocast + GradScaler over fp32 weights; DeepSpeed: fp16 weights + fp32 master
 copy), torch.optim.Adam, batch 8 of random inputs, --steps optimizer steps. Reported per
@@ -36,11 +41,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 GIB = 1024**3
-LAUNCH = {  # --launch name -> (accelerate config, extra launch args)
-    "ddp": ("multi_gpu", ["--mixed_precision", "fp16"]),
-    "zero1": ("zero1", []),
-    "zero2": ("zero2", []),
-    "zero3": ("zero3", []),
+FP16 = ["--mixed_precision", "fp16"]
+LAUNCH = {  # --launch name -> (accelerate config, extra launch args, extra args of this script)
+    "ddp": ("multi_gpu", FP16, []),
+    "zero1": ("zero1", [], []),
+    "zero2": ("zero2", [], []),
+    "zero3": ("zero3", [], []),
+    # Candidate settings, measured against the shipped ones above.
+    "ddp_bucket_view": ("multi_gpu", FP16, ["--gradient-as-bucket-view"]),
+    "ddp_fused_adam": ("multi_gpu", FP16, ["--fused-adam"]),
+    "ddp_bucket_view_fused_adam": ("multi_gpu", FP16, ["--gradient-as-bucket-view", "--fused-adam"]),
+    "zero2_fused_adam": ("zero2", [], ["--fused-adam"]),
+    "zero3_fused_adam": ("zero3", [], ["--fused-adam"]),
+    **{
+        f"zero{s}_small_buckets": (
+            "zero_file",
+            [*FP16, "--deepspeed_config_file", f"benchmarks/configs/zero{s}_small_buckets.json"],
+            [],
+        )
+        for s in (1, 2, 3)
+    },
 }
 COLUMNS = ["strategy", "num_processes", "num_parameters", "peak_gib_max", "peak_gib_per_rank",
            "allocated_gib_max", "paper_model_states_gib", "steps", "seconds_per_step"]  # fmt: skip
@@ -82,17 +102,23 @@ def measure(args) -> int:
     from accel_mnist.runtime import build_accelerator, describe
 
     config = TrainConfig(model="mlp", batch_size=args.batch_size, lr=1e-4)
-    accelerator = build_accelerator(config)
+    handlers = []
+    if args.gradient_as_bucket_view:  # DDP's gradients become views into its buckets: one copy less
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        handlers.append(DistributedDataParallelKwargs(gradient_as_bucket_view=True))
+    accelerator = build_accelerator(config, kwargs_handlers=handlers)
     torch.manual_seed(0)
     # Built on the GPU (a 1.3B-parameter init on the CPU takes long); the peak is reset after prepare.
     with torch.device(accelerator.device):
         model = build_mlp(args.hidden, args.layers)
     psi = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    # fused: one kernel and no temporaries; the default (foreach) makes a full-size sqrt(v) temporary.
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True if args.fused_adam else None)
     model, optimizer = accelerator.prepare(model, optimizer)
     strategy = describe(accelerator)
     stage = strategy["zero_stage"]
-    name = f"zero{stage}" if strategy["distributed_type"] == "DEEPSPEED" else "ddp"
+    name = args.label or (f"zero{stage}" if strategy["distributed_type"] == "DEEPSPEED" else "ddp")
     input_dtype = next(model.parameters()).dtype
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -119,7 +145,8 @@ def measure(args) -> int:
         record = {
             "benchmark": "memory", "strategy": name, "num_processes": n, "num_parameters": psi,
             "config": {"hidden": args.hidden, "layers": args.layers, "batch_size": args.batch_size,
-                       "steps": args.steps, "mixed_precision": accelerator.mixed_precision, "optimizer": "torch Adam",
+                       "steps": args.steps, "mixed_precision": accelerator.mixed_precision,
+                       "optimizer": "torch Adam" + (" fused" if args.fused_adam else ""),
                        **strategy},
             "peak_gib_per_rank": peaks, "peak_gib_max": max(peaks),
             "allocated_gib_per_rank": allocated, "allocated_gib_max": max(allocated),
@@ -152,11 +179,12 @@ def launch_all(args) -> int:
             print(f"memory.py: skipping {n} processes: only {torch.cuda.device_count()} GPU(s)")
             continue
         for name in args.launch.split(","):
-            config, extra = LAUNCH[name]
+            config, extra, script_args = LAUNCH[name]
             cmd = [str(accelerate if accelerate.exists() else "accelerate"), "launch", "--config_file",
                    f"accelerate_configs/{config}.yaml", "--num_processes", str(n), *extra,
                    "benchmarks/memory.py", "--hidden", str(args.hidden), "--layers", str(args.layers),
-                   "--batch-size", str(args.batch_size), "--steps", str(args.steps)]  # fmt: skip
+                   "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--label", name,
+                   *script_args]  # fmt: skip
             if args.out:
                 cmd += ["--out", args.out]
             print("$ " + shlex.join(cmd), flush=True)
@@ -171,8 +199,11 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=3, help="hidden-to-hidden layers")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--launch", default=None, help="comma list of ddp,zero1,zero2,zero3: launch each")
+    p.add_argument("--launch", default=None, help=f"comma list of {','.join(LAUNCH)}: launch each")
     p.add_argument("--gpus", default="2", help="process counts for --launch")
+    p.add_argument("--label", default=None, help="strategy name in the record (default: from the accelerate config)")
+    p.add_argument("--fused-adam", action="store_true", help="torch.optim.Adam(fused=True)")
+    p.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP: gradients as views into its buckets")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.launch:

@@ -8,7 +8,9 @@ Two data paths:
   --data dataloader  torch DataLoader over accel_mnist's ImageTensorDataset (per-sample
                      __getitem__ + collate), batches copied to the device each step;
   --data device      the whole split on the device as uint8; each step gathers a batch of
-                     rows from a per-epoch torch.randperm and normalises it there.
+                     rows from a per-epoch torch.randperm and normalises it there
+                     (`--gather index`: images[idx], as one writes it inline;
+                     `--gather index_select`: the cheaper call accel_mnist's DeviceLoader makes).
 Same models (accel_mnist.models), same normalisation, Adam by default, optional autocast
 (--precision fp16 with a GradScaler, or bf16). Reports samples/s, ms/step (timed steps
 exclude --warmup-steps), train seconds and test accuracy; writes benchmarks/results/.
@@ -44,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--data", choices=["dataloader", "device"], default="device")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (--data dataloader)")
+    p.add_argument("--gather", choices=["index", "index_select"], default="index",
+                   help="--data device: images[idx] (advanced indexing) or images.index_select(0, idx)")  # fmt: skip
+    p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--precision", choices=["no", "fp16", "bf16"], default="no", help="autocast dtype")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -64,8 +69,8 @@ def sync(device: torch.device) -> None:
 class DeviceBatches:
     """The whole split on the device; batches by a fresh randperm each epoch (plain, inline)."""
 
-    def __init__(self, images, labels, mean, std, batch_size, device, shuffle, seed):
-        self.images, self.labels = images.to(device), labels.to(device)
+    def __init__(self, images, labels, mean, std, batch_size, device, shuffle, seed, gather="index"):
+        self.images, self.labels, self.gather = images.to(device), labels.to(device), gather
         self.mean, self.std, self.batch_size, self.device = mean, std, batch_size, device
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
 
@@ -80,8 +85,11 @@ class DeviceBatches:
             order = torch.arange(n)
         self.epoch += 1
         for idx in order.to(self.device).split(self.batch_size):
-            x = self.images[idx].to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std)
-            yield x.unsqueeze(1), self.labels[idx]
+            if self.gather == "index_select":
+                images, labels = self.images.index_select(0, idx), self.labels.index_select(0, idx)
+            else:
+                images, labels = self.images[idx], self.labels[idx]
+            yield images.to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std).unsqueeze(1), labels
 
 
 def build_loaders(args, device):
@@ -90,7 +98,7 @@ def build_loaders(args, device):
     train = load_split("mnist", data_dir, train=True, download=False)
     test = load_split("mnist", data_dir, train=False, download=False)
     if args.data == "device":
-        return (DeviceBatches(*train, spec.mean, spec.std, args.batch_size, device, True, args.seed),
+        return (DeviceBatches(*train, spec.mean, spec.std, args.batch_size, device, True, args.seed, args.gather),
                 DeviceBatches(*test, spec.mean, spec.std, 1000, device, False, 0))  # fmt: skip
     pin = device.type == "cuda"
     common = dict(num_workers=args.num_workers, pin_memory=pin, persistent_workers=args.num_workers > 0)
@@ -119,6 +127,7 @@ def evaluate(model, loader, device, autocast) -> float:
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     if args.precision == "fp16" and device.type == "cpu":

@@ -1,0 +1,95 @@
+"""The benchmark tools that run without a GPU: their bookkeeping, not their timings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import memory  # noqa: E402
+import session_summary  # noqa: E402
+
+
+def _run_folder(root: Path, name: str, results: dict, rows: list[dict], wall: float) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "results.json").write_text(json.dumps(results))
+    (root / name / "config.json").write_text(json.dumps({"model": "cnn", "batch_size": 512, "output_dir": "x"}))
+    (root / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / f"{name}.wall.json").write_text(json.dumps({"name": name, "rc": 0, "wall_seconds": wall}))
+
+
+def test_session_summary_steady_throughput_first_99_and_labels(tmp_path):
+    runs = tmp_path / "part1"
+    (runs / "bench").mkdir(parents=True)
+    (runs / "gpus.txt").write_text("NVIDIA H200, 143771 MiB, 580\nNVIDIA H200, 143771 MiB, 580\n")
+    (runs / "versions.txt").write_text("3.12.3 2.11.0 1.15.0 0.19.8\n")
+    base = {"global_batch_size": 1024, "epochs": 3.0, "num_processes": 2, "samples_per_second": 1000.0, "zero_stage": 2,
+            "offload_optimizer": "none", "mixed_precision": "fp16"}  # fmt: skip
+    rows = [
+        {"epoch": 0.5, "step": 30, "train_seconds": 0.5, "test_accuracy": 0.95},
+        {"epoch": 1.0, "step": 59, "train_seconds": 1.0, "test_accuracy": 0.98},
+        {"epoch": 2.0, "step": 118, "train_seconds": 1.5, "test_accuracy": 0.991},
+        {"epoch": 3.0, "step": 177, "train_seconds": 2.0, "test_accuracy": 0.992},
+    ]
+    _run_folder(runs, "zero2_run", {**base, "distributed_type": "DEEPSPEED"}, rows, 30.0)
+    _run_folder(runs, "ddp_run", {**base, "distributed_type": "MULTI_GPU", "zero_stage": 0}, rows[:2], 20.0)
+    (runs / "bench" / "throughput-x.json").write_text(json.dumps({
+        "benchmark": "throughput", "table_columns": ["label"], "date": "2026-11-30T00:00:00Z",
+        "hardware_label": "2x H200", "command": "c", "label": "accel_mnist zero3_offload x2",
+        "accelerate_config": "zero3_offload", "num_processes": 2, "samples_per_second": 500.0,
+        "config": {"model": "cnn", "batch_size": 512, "epochs": 1},
+    }))  # fmt: skip
+    out = tmp_path / "out"
+    assert session_summary.main([str(runs), "--out", str(out)]) == 0
+
+    session = json.loads((out / "session.json").read_text())
+    zero2, ddp = session["runs"]["zero2_run"], session["runs"]["ddp_run"]
+    assert session["hardware"] == "2x NVIDIA H200"
+    assert zero2["accelerate_config"] == "zero2" and ddp["accelerate_config"] == "multi_gpu"
+    # (177 - 59) steps x 1024 samples over (2.0 - 1.0) s, from the first to the last epoch end
+    assert zero2["steady_samples_per_second"] == pytest.approx(118 * 1024 / 1.0)
+    assert "steady_samples_per_second" not in ddp  # one epoch end only
+    assert zero2["first_99"] == {"step": 118, "train_seconds": 1.5, "test_accuracy": 0.991}
+    assert zero2["command_wall_seconds"] == 30.0 and "output_dir" not in zero2["config"]
+    assert (out / "throughput-x.json").exists() and "zero3_offload" in (out / "throughput.md").read_text()
+    assert (out / "throughput.png").stat().st_size > 0
+
+
+def test_memory_candidates_point_at_existing_configs():
+    for name, (config, launch_args, _) in memory.LAUNCH.items():
+        assert (REPO / "accelerate_configs" / f"{config}.yaml").is_file(), name
+        if "--deepspeed_config_file" in launch_args:
+            path = REPO / launch_args[launch_args.index("--deepspeed_config_file") + 1]
+            assert json.loads(path.read_text())["zero_optimization"]["stage"] == int(name[4]), name
+
+
+def test_memory_paper_formulas():
+    psi, n = 1_000, 2
+    assert [memory.paper_model_states(psi, n, s) for s in range(4)] == [16_000, 10_000, 9_000, 8_000]
+
+
+def test_zero_step_overhead_rejects_an_unknown_variant():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "zero_step_overhead.py"), "--variants", "zero9"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode != 0 and "error: unknown variant(s) zero9" in proc.stderr
+
+
+@pytest.mark.slow
+def test_zero_step_overhead_records_each_variant_on_cpu(tmp_path, mnist_dir, monkeypatch):
+    monkeypatch.setenv("ACCEL_MNIST_DATA_DIR", str(mnist_dir))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cmd = [sys.executable, str(REPO / "benchmarks" / "zero_step_overhead.py"), "--steps", "5", "--repeats", "1",
+           "--variants", "plain_amp,zero2", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = {json.loads(p.read_text())["variant"]: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert set(records) == {"plain_amp", "zero2"}
+    for record in records.values():
+        assert record["precision"] == "fp32" and record["processes"] == 1 and record["ms_per_step"] > 0
+    assert "ms/step (1 process(es)): plain_amp" in proc.stdout
