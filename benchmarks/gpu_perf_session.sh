@@ -14,17 +14,7 @@ B=$R/bench  # benchmark scripts' JSON + markdown
 rm -rf "$R" && mkdir -p "$R" "$B" "$OUT"
 TRAIN=(-m accel_mnist train --quiet --no-download --no-save-checkpoints --no-export)
 
-run() {  # run NAME CMD...: time the whole command (launch included), keep its log
-  local name=$1; shift
-  local t0; t0=$(date +%s.%N)
-  "$@" >"$R/$name.log" 2>&1
-  local rc=$?
-  echo "{\"name\": \"$name\", \"rc\": $rc, \"wall_seconds\": $(awk "BEGIN {print $(date +%s.%N) - $t0}")}" >"$R/$name.wall.json"
-  echo "$(date +%T) $name rc=$rc $(cat "$R/$name.wall.json")"
-}
-gpu0() ( export CUDA_VISIBLE_DEVICES=0; "$@" )
-gpu1() ( export CUDA_VISIBLE_DEVICES=1; "$@" )
-launch() { accelerate launch --config_file "accelerate_configs/$1.yaml" "${@:2}"; }
+source "$(dirname "$0")/session_lib.sh"  # run, gpu0, gpu1, launch
 scaling() {  # scaling BATCH: multi_gpu and zero2, 1 GPU (both at once, one per GPU) and 2 GPUs
   local SC=(--model cnn --batch-size "$1" --epochs 3)
   gpu0 run "scale_multi_gpu_1gpu_b$1" launch multi_gpu --num_processes 1 "${TRAIN[@]}" "${SC[@]}" --output-dir "$R/scale_multi_gpu_1gpu_b$1" &

@@ -12,17 +12,7 @@ START=$(date +%s)
 TRAIN=(-m accel_mnist train --quiet --no-download)
 CNN=(--model cnn --batch-size 512 --epochs 1 --eval-every 20 --no-save-checkpoints --no-export)
 
-run() {  # run NAME CMD...: time the whole command (launch included), keep its log
-  local name=$1; shift
-  local t0; t0=$(date +%s.%N)
-  "$@" >"$R/$name.log" 2>&1
-  local rc=$?
-  echo "{\"name\": \"$name\", \"rc\": $rc, \"wall_seconds\": $(awk "BEGIN {print $(date +%s.%N) - $t0}")}" >"$R/$name.wall.json"
-  echo "$(date +%T) $name rc=$rc $(cat "$R/$name.wall.json")"
-}
-gpu0() ( export CUDA_VISIBLE_DEVICES=0; "$@" )
-gpu1() ( export CUDA_VISIBLE_DEVICES=1; "$@" )
-launch() { accelerate launch --config_file "accelerate_configs/$1.yaml" "${@:2}"; }
+source "$(dirname "$0")/session_lib.sh"  # run, gpu0, gpu1, launch
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$R/gpus.txt"
 
