@@ -20,6 +20,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "accelerate_configs"
 DS_JSON = CONFIG_DIR / "deepspeed_config.json"
 
+
+def _zero(stage: int, offload_optimizer: str = "none", offload_param: str = "none") -> dict:
+    """What a shipped ZeRO YAML holds: 2 processes, fp16, GPU, the stage and its offload devices."""
+    return dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision="fp16",
+        use_cpu=False,
+        zero_stage=stage,
+        offload_optimizer_device=offload_optimizer,
+        offload_param_device=offload_param,
+    )
+
+
 # What each file must mean once accelerate has parsed it.
 # zero_stage / offload are only checked for DeepSpeed files.
 EXPECTED: dict[str, dict] = {
@@ -38,51 +52,11 @@ EXPECTED: dict[str, dict] = {
         use_cpu=False,
         gpu_ids="all",
     ),
-    "zero1.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED,
-        num_processes=2,
-        mixed_precision="fp16",
-        use_cpu=False,
-        zero_stage=1,
-        offload_optimizer_device="none",
-        offload_param_device="none",
-    ),
-    "zero2.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED,
-        num_processes=2,
-        mixed_precision="fp16",
-        use_cpu=False,
-        zero_stage=2,
-        offload_optimizer_device="none",
-        offload_param_device="none",
-    ),
-    "zero3.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED,
-        num_processes=2,
-        mixed_precision="fp16",
-        use_cpu=False,
-        zero_stage=3,
-        offload_optimizer_device="none",
-        offload_param_device="none",
-    ),
-    "zero2_offload.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED,
-        num_processes=2,
-        mixed_precision="fp16",
-        use_cpu=False,
-        zero_stage=2,
-        offload_optimizer_device="cpu",
-        offload_param_device="none",
-    ),
-    "zero3_offload.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED,
-        num_processes=2,
-        mixed_precision="fp16",
-        use_cpu=False,
-        zero_stage=3,
-        offload_optimizer_device="cpu",
-        offload_param_device="cpu",
-    ),
+    "zero1.yaml": _zero(1),
+    "zero2.yaml": _zero(2),
+    "zero3.yaml": _zero(3),
+    "zero2_offload.yaml": _zero(2, offload_optimizer="cpu"),
+    "zero3_offload.yaml": _zero(3, offload_optimizer="cpu", offload_param="cpu"),
     # Precision and ZeRO settings live in the JSON; accelerate forbids them in the YAML.
     "zero_file.yaml": dict(
         distributed_type=DistributedType.DEEPSPEED,
