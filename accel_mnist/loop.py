@@ -19,9 +19,8 @@ from .data import load_datasets
 from .errors import UsageError
 from .loaders import Loaders
 from .models import build_model, num_parameters
-from .optim import build_optimizer, build_scheduler
 from .outputs import RunOutputs, check_output_dir
-from .runtime import build_accelerator, describe
+from .runtime import build_accelerator, describe, prepare
 from .versions import versions
 
 
@@ -67,9 +66,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
-    optimizer = build_optimizer(model, config)
-    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch)
     if resume:
         ckpt.load_checkpoint(accelerator, resume)
         accelerator.print(f"resumed from {resume} at step {state.step}")

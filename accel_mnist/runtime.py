@@ -21,6 +21,7 @@ from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
 
 from .config import TrainConfig
 from .errors import UsageError
+from .optim import build_optimizer, build_scheduler
 
 logger = get_logger(__name__)
 
@@ -150,6 +151,19 @@ def _align_deepspeed(accelerator: Accelerator, config: TrainConfig) -> None:
         ds[key] = value
     # Accelerate keeps its own copy of the accumulation steps and checks it against DeepSpeed's.
     plugin.gradient_accumulation_steps = config.grad_accum
+
+
+def prepare(
+    accelerator: Accelerator, config: TrainConfig, model: torch.nn.Module, total_steps: int, steps_per_epoch: int
+) -> tuple[Any, Any, Any]:
+    """Model, optimizer and schedule, built and prepared in the order the strategy needs.
+
+    The loop gets the three prepared objects and never learns which strategy made them.
+    """
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return model, optimizer, scheduler
 
 
 def describe(accelerator: Accelerator) -> dict[str, Any]:
