@@ -28,7 +28,7 @@ DATA_LOADERS = ("auto", "device", "torch")
 class TrainConfig:
     """Everything a training run needs except the parallel strategy."""
 
-    model: str = field(default="cnn", metadata={"help": "linear, mlp, cnn or lenet5"})
+    model: str = field(default="cnn", metadata={"help": "linear, mlp, cnn, lenet5 or bncnn"})
     dataset: str = field(
         default="mnist", metadata={"help": "mnist, fashion_mnist, kmnist, or hf:NAME_OR_PATH (Hugging Face datasets)"}
     )
@@ -73,6 +73,13 @@ class TrainConfig:
         default=False,
         metadata={
             "help": "let cuDNN time and pick convolution algorithms (GPU; slower for short runs, see benchmarks)"
+        },
+    )
+    warmup: bool = field(
+        default=False,
+        metadata={
+            "help": "before the training clock starts, run one untimed step on a copy of the model "
+            "(GPU kernel loading; reported as warmup_seconds, the weights are unchanged)"
         },
     )
     checkpoint_every: int = field(

@@ -22,6 +22,7 @@ from .models import build_model, num_parameters
 from .outputs import RunOutputs, check_output_dir
 from .runtime import build_accelerator, describe, prepare
 from .versions import versions
+from .warmup import warm_up
 
 
 def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]:
@@ -66,6 +67,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
+    warmup_seconds = warm_up(model, config, accelerator.device) if config.warmup else 0.0
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch)
     if resume:
         ckpt.load_checkpoint(accelerator, resume)
@@ -179,7 +181,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     results = {
         **{k: v for k, v in metrics.items() if k not in ("epoch", "step")},
         "epochs": round(state.step / steps_per_epoch, 4), "steps": state.step,
-        "train_seconds": state.train_seconds, "wall_seconds": time.perf_counter() - start,
+        "train_seconds": state.train_seconds, "warmup_seconds": warmup_seconds, "wall_seconds": time.perf_counter() - start,
         "skipped_steps": state.skipped_steps, "model": model_name, "dataset": config.dataset,
         "num_parameters": n_params,
         "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,

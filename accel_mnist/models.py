@@ -82,11 +82,34 @@ class LeNet5(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
+class BNCNN(nn.Module):
+    """Three 3x3 conv + BatchNorm + ReLU + max-pool blocks (32, 64, 128 channels), one linear.
+
+    Built for time to accuracy: no dropout and BatchNorm let a high OneCycle learning rate
+    reach 99% test accuracy in about one epoch (see recipes/fast99.yaml).
+    """
+
+    def __init__(self, channels: tuple[int, int, int] = (32, 64, 128)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = 1
+        for c in channels:
+            # No conv bias: the BatchNorm that follows has its own shift.
+            layers += [nn.Conv2d(width, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2)]
+            width = c
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(width * 3 * 3, 10)  # 28 -> 14 -> 7 -> 3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
 MODELS: dict[str, Callable[[], nn.Module]] = {
     "linear": Linear,
     "mlp": MLP,
     "cnn": CNN,
     "lenet5": LeNet5,
+    "bncnn": BNCNN,
 }
 
 

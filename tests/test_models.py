@@ -24,6 +24,8 @@ def test_known_sizes():
     # The seed's linear model and the pytorch/examples CNN have well-known parameter counts.
     assert num_parameters(build_model("linear")) == 784 * 10 + 10
     assert num_parameters(build_model("cnn")) == 1_199_882
+    # convs without bias (9*(1*32 + 32*64 + 64*128)), BatchNorm scale and shift, 1152 -> 10
+    assert num_parameters(build_model("bncnn")) == 9 * (32 + 2048 + 8192) + 2 * (32 + 64 + 128) + 1152 * 10 + 10
 
 
 def test_unknown_model():
