@@ -181,7 +181,8 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     results = {
         **{k: v for k, v in metrics.items() if k not in ("epoch", "step")},
         "epochs": round(state.step / steps_per_epoch, 4), "steps": state.step,
-        "train_seconds": state.train_seconds, "warmup_seconds": warmup_seconds, "wall_seconds": time.perf_counter() - start,
+        "train_seconds": state.train_seconds, "warmup_seconds": warmup_seconds,
+        "wall_seconds": time.perf_counter() - start,
         "skipped_steps": state.skipped_steps, "model": model_name, "dataset": config.dataset,
         "num_parameters": n_params,
         "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
