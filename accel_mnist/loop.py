@@ -67,7 +67,8 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
-    warmup_seconds = warm_up(model, config, accelerator.device) if config.warmup else 0.0
+    per_process = len(train_set) // accelerator.num_processes
+    warmup_seconds = warm_up(model, config, accelerator.device, per_process) if config.warmup else 0.0
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch)
     if resume:
         ckpt.load_checkpoint(accelerator, resume)

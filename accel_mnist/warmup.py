@@ -19,8 +19,12 @@ from torch import nn
 from .config import TrainConfig
 
 
-def warm_up(model: nn.Module, config: TrainConfig, device: torch.device) -> float:
-    """One step on a copy of `model` at the training batch shape; returns the seconds it took."""
+def warm_up(model: nn.Module, config: TrainConfig, device: torch.device, train_samples: int = 0) -> float:
+    """One step on a copy of `model` per training batch shape; returns the seconds it took.
+
+    `train_samples` (per process) adds the epoch's last, smaller batch: a new shape makes cuDNN
+    choose its kernels again, which cost 40-60 ms at each epoch end on an H200.
+    """
     from .optim import build_optimizer
 
     start = time.perf_counter()
@@ -28,12 +32,12 @@ def warm_up(model: nn.Module, config: TrainConfig, device: torch.device) -> floa
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         twin = copy.deepcopy(model).to(device).train()
         optimizer = build_optimizer(twin, config)
-        inputs = torch.zeros(config.batch_size, 1, 28, 28, device=device)
-        labels = torch.zeros(config.batch_size, dtype=torch.long, device=device)
-        loss = F.cross_entropy(twin(inputs).float(), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        for size in sorted({config.batch_size, train_samples % config.batch_size} - {0}, reverse=True):
+            inputs = torch.zeros(size, 1, 28, 28, device=device)
+            labels = torch.zeros(size, dtype=torch.long, device=device)
+            F.cross_entropy(twin(inputs).float(), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad()
         twin.eval()
         with torch.no_grad():  # and the evaluation's shape, whose time the clock leaves out anyway
             twin(torch.zeros(config.eval_batch_size, 1, 28, 28, device=device)).sum().item()

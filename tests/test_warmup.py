@@ -17,7 +17,7 @@ def test_warm_up_leaves_model_and_rng_alone():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(784, 10))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    seconds = warm_up(model, TrainConfig(batch_size=8, eval_batch_size=4), torch.device("cpu"))
+    seconds = warm_up(model, TrainConfig(batch_size=8, eval_batch_size=4), torch.device("cpu"), 13)
     assert seconds > 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())  # the copy's dropout drew from a forked stream
