@@ -75,11 +75,11 @@ class TrainConfig:
             "help": "let cuDNN time and pick convolution algorithms (GPU; slower for short runs, see benchmarks)"
         },
     )
-    warmup: bool = field(
+    prewarm: bool = field(
         default=False,
         metadata={
             "help": "before the training clock starts, run one untimed step on a copy of the model "
-            "(GPU kernel loading; reported as warmup_seconds, the weights are unchanged)"
+            "(GPU kernel loading; reported as prewarm_seconds, the weights are unchanged)"
         },
     )
     checkpoint_every: int = field(

@@ -20,9 +20,9 @@ from .errors import UsageError
 from .loaders import Loaders
 from .models import build_model, num_parameters
 from .outputs import RunOutputs, check_output_dir
+from .prewarm import prewarm
 from .runtime import build_accelerator, describe, prepare
 from .versions import versions
-from .warmup import warm_up
 
 
 def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]:
@@ -68,7 +68,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
         hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
     per_process = len(train_set) // accelerator.num_processes
-    warmup_seconds = warm_up(model, config, accelerator.device, per_process) if config.warmup else 0.0
+    prewarm_seconds = prewarm(model, config, accelerator.device, per_process) if config.prewarm else 0.0
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch)
     if resume:
         ckpt.load_checkpoint(accelerator, resume)
@@ -182,7 +182,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     results = {
         **{k: v for k, v in metrics.items() if k not in ("epoch", "step")},
         "epochs": round(state.step / steps_per_epoch, 4), "steps": state.step,
-        "train_seconds": state.train_seconds, "warmup_seconds": warmup_seconds,
+        "train_seconds": state.train_seconds, "prewarm_seconds": prewarm_seconds,
         "wall_seconds": time.perf_counter() - start,
         "skipped_steps": state.skipped_steps, "model": model_name, "dataset": config.dataset,
         "num_parameters": n_params,

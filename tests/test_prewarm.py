@@ -9,29 +9,29 @@ import torch
 from safetensors.torch import load_file
 
 from accel_mnist import TrainConfig, train
-from accel_mnist.warmup import warm_up
+from accel_mnist.prewarm import prewarm
 
 
-def test_warm_up_leaves_model_and_rng_alone():
+def test_prewarm_leaves_model_and_rng_alone():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(784, 10))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    seconds = warm_up(model, TrainConfig(batch_size=8, eval_batch_size=4), torch.device("cpu"), 13)
+    seconds = prewarm(model, TrainConfig(batch_size=8, eval_batch_size=4), torch.device("cpu"), 13)
     assert seconds > 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())  # the copy's dropout drew from a forked stream
 
 
-def test_training_with_warm_up_gives_the_same_weights(mnist_dir, tmp_path):
+def test_training_with_prewarm_gives_the_same_weights(mnist_dir, tmp_path):
     # bncnn: BatchNorm running statistics would differ if the warm-up touched the real model.
     base = TrainConfig(model="bncnn", max_steps=6, batch_size=32, eval_batch_size=2000, data_dir=str(mnist_dir),
                        data_loader="device", quiet=True, save_checkpoints=False)  # fmt: skip
     runs = {}
     for warm in (False, True):
         out = tmp_path / f"warm_{warm}"
-        results = train(base.replace(warmup=warm, output_dir=str(out)))
-        assert (results["warmup_seconds"] > 0) is warm
+        results = train(base.replace(prewarm=warm, output_dir=str(out)))
+        assert (results["prewarm_seconds"] > 0) is warm
         runs[warm] = (load_file(out / "model.safetensors"), json.loads((out / "metrics.jsonl").read_text()))
     (cold_w, cold_m), (warm_w, warm_m) = runs[False], runs[True]
     assert cold_w.keys() == warm_w.keys() and all(torch.equal(cold_w[k], warm_w[k]) for k in cold_w)

@@ -3,7 +3,7 @@
 The first step of a fresh process pays for loading GPU kernels and setting up cuBLAS/cuDNN
 (about 1 s on an H200 against 0.35 s for a whole time-to-99% run). Running one forward,
 backward and optimizer step of the same shapes on a copy moves that cost out of the training
-clock, into `warmup_seconds`, without touching the model, the optimizer or any RNG stream the
+clock, into `prewarm_seconds`, without touching the model, the optimizer or any RNG stream the
 run uses: the trained weights are the same with and without it.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 from .config import TrainConfig
 
 
-def warm_up(model: nn.Module, config: TrainConfig, device: torch.device, train_samples: int = 0) -> float:
+def prewarm(model: nn.Module, config: TrainConfig, device: torch.device, train_samples: int = 0) -> float:
     """One step on a copy of `model` per training batch shape; returns the seconds it took.
 
     `train_samples` (per process) adds the epoch's last, smaller batch: a new shape makes cuDNN
