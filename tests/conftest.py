@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+# The real MNIST files beside the checkout; ACCEL_MNIST_DATA_DIR where they lie elsewhere (the
+# GPU machine, where the checkout travels without ../shared).
+MNIST_DIR = Path(
+    os.environ.get("ACCEL_MNIST_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import CONFIGS, accelerate_launch
+from conftest import CONFIGS, MNIST_DIR, accelerate_launch
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ STRATEGIES = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, request):
-    if not (CONFIGS.parent.parent / "shared" / "data" / "mnist").is_dir():
+    if not MNIST_DIR.is_dir():
         pytest.skip("real MNIST files not found at ../shared/data/mnist")
     out = {}
     for name, launch_args in STRATEGIES.items():
