@@ -43,6 +43,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     strategy = describe(accelerator)
     resume = ckpt.resolve_checkpoint(config.resume_from, config.output_dir) if config.resume_from else None
     state = ckpt.read_state(resume) if resume else ckpt.TrainState()
+    rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
     check_output_dir(config, resuming=resume is not None)
 
     set_seed(config.seed)
@@ -68,7 +69,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
         accelerator.init_trackers("accel_mnist", config=hparams)
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch)
     if resume:
-        ckpt.load_checkpoint(accelerator, resume)
+        ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")
     # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
     # match; elsewhere they stay fp32 and autocast (if any) does the casting.
