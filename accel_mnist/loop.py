@@ -51,6 +51,8 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
         train_set, test_set = load_datasets(config.dataset, config.data_dir, download=config.download)
     model_name = config.model if model is None else type(model).__name__
     model = build_model(config.model) if model is None else model
+    if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
+        set_seed(config.seed, device_specific=True)
     n_params = num_parameters(model)
     state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
     data = Loaders(train_set, test_set, config, accelerator)
