@@ -18,11 +18,11 @@ and under DeepSpeed every process checks every shard, not only its own.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import pickle
 import random
 import re
+import sys
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -72,7 +72,8 @@ def weights_only_loads(allowed: list[Any] | None = None) -> Iterator[None]:
     weights_only=False; TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD would contradict it, so it is unset
     meanwhile. Both are process-wide: nothing else should load files while this is active.
     """
-    allowed = allowed_globals(deepspeed=_has_deepspeed()) if allowed is None else allowed
+    # DeepSpeed's types only where it runs (importing it costs seconds and prints warnings).
+    allowed = allowed_globals(deepspeed="deepspeed" in sys.modules) if allowed is None else allowed
     saved = {k: os.environ.pop(k, None) for k in _FORCE}
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
     try:
@@ -180,10 +181,6 @@ def _same_numpy_state(a: Any, b: Any) -> bool:
         np.array_equal(x, y) if isinstance(x, np.ndarray) or isinstance(y, np.ndarray) else x == y
         for x, y in zip(a, b, strict=True)
     )
-
-
-def _has_deepspeed() -> bool:
-    return importlib.util.find_spec("deepspeed") is not None
 
 
 def _first_line(error: BaseException) -> str:
