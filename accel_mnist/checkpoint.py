@@ -10,15 +10,17 @@ crash mid-save leaves the previous checkpoint as the one `latest` finds.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
-from .errors import UsageError
+from .errors import UsageError, one_line
 from .outputs import write_json_atomic
 
 CHECKPOINTS = "checkpoints"
@@ -137,10 +139,58 @@ def check_compatible(
             )
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> None:
-    """Restore model, optimizer, scheduler and RNG states (all ranks)."""
+def verify_checkpoint(accelerator: Accelerator, path: Path, trust: bool = False) -> dict[str, Any]:
+    """Check checkpoint `path` before anything is loaded or written (all ranks); return this rank's RNG states.
+
+    Unless `trust`, every pickle in it must pass torch's restricted unpickler with the few
+    classes it needs (safe_load.py); its RNG file must be whole whatever `trust` says. Every
+    rank raises the same error, so that none waits in a collective for one that stopped.
+    """
+    from .safe_load import verify_checkpoint as verify_files
+
+    states: dict[str, Any] = {}
+    _on_every_rank(accelerator, lambda: states.update(verify_files(path, accelerator.process_index, trust)))
+    return states
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, Any], trust: bool = False) -> None:
+    """Restore model, optimizer, scheduler and RNG states (all ranks) from a verified checkpoint.
+
+    Unless `trust`, `load_state` runs with the restricted unpickler forced on every torch.load,
+    DeepSpeed's `weights_only=False` ones included. The RNG states must come back as
+    `verify_checkpoint` read them: Accelerate would skip them with a log line.
+    """
+    from .safe_load import check_rng_restored, refusal, weights_only_loads
+
+    def load() -> None:
+        from safetensors import SafetensorError
+
+        try:
+            if trust:  # Accelerate's own loads default to weights_only=True
+                accelerator.load_state(str(path), load_kwargs={"weights_only": False})
+            else:
+                with weights_only_loads():
+                    accelerator.load_state(str(path))
+        except pickle.UnpicklingError as e:
+            what = refusal(e) or "object"
+            raise UsageError(f"{path}: refused a pickled {what} while loading (changed after the check?)") from None
+        except (FileNotFoundError, KeyError, RuntimeError, ValueError, SafetensorError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"{path}: cannot load checkpoint: {one_line(first)}") from None
+        check_rng_restored(rng_states, path, accelerator.process_index)
+
+    _on_every_rank(accelerator, load)
+
+
+def _on_every_rank(accelerator: Accelerator, step: Callable[[], None]) -> None:
+    """Run `step`; if it raised a UsageError on any rank, raise the first rank's on all of them."""
+    from accelerate.utils import gather_object
+
     try:
-        accelerator.load_state(str(path))
-    except (FileNotFoundError, KeyError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"{path}: cannot load checkpoint: {first}") from None
+        step()
+        problem = ""
+    except UsageError as e:
+        problem = str(e)
+    problems = [p for p in gather_object([problem]) if p] if accelerator.num_processes > 1 else [problem]
+    if any(problems):
+        raise UsageError(next(p for p in problems if p))

@@ -88,6 +88,9 @@ class TrainConfig:
     save_checkpoints: bool = field(default=True, metadata={"help": "write checkpoints at all"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
     resume_from: str | None = field(default=None, metadata={"help": "'latest' (in output_dir) or a checkpoint folder"})
+    trust_checkpoint: bool = field(
+        default=False, metadata={"help": "let the resumed checkpoint unpickle any object (only for ones you made)"}
+    )
     max_nonfinite: int = field(
         default=10, metadata={"help": "stop after this many optimizer steps in a row with a non-finite loss"}
     )

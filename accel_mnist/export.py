@@ -14,7 +14,6 @@ import io
 import json
 import os
 import pickle
-import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from torch import nn
 
 from .checkpoint import STATE_FILE
 from .errors import UsageError, one_line
+from .safe_load import allowed_globals, refusal, weights_only_loads
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
@@ -221,38 +221,16 @@ def _deepspeed_checkpoint_weights(ckpt: Path, trust: bool) -> dict[str, torch.Te
     # bf16, stages 1-3; DynamicLossScaler under fp16): so unless told to trust the checkpoint,
     # force torch's restricted unpickler on those loads and allow those types alone.
     try:
-        with _quiet(), contextlib.nullcontext() if trust else _weights_only_loads():
+        with _quiet(), contextlib.nullcontext() if trust else weights_only_loads(allowed_globals(deepspeed=True)):
             return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DEEPSPEED_TAG)
     except pickle.UnpicklingError as e:
-        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
-        what = found.group(1) if found else one_line(e)
+        what = refusal(e) or one_line(e)
         raise UsageError(
             f"{shard_dir}: holds a pickled {what}, which is not unpickled unless you trust the checkpoint "
             "(--trust-checkpoint)"
         ) from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise UsageError(f"{shard_dir}: incomplete or unreadable DeepSpeed checkpoint: {one_line(e)}") from None
-
-
-@contextlib.contextmanager
-def _weights_only_loads() -> Iterator[None]:
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    # torch.load reads these variables at every call, and the first overrides an explicit
-    # weights_only=False; the second would contradict it.
-    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]):
-            yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager

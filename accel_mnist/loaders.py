@@ -43,12 +43,17 @@ class Loaders:
         # A seeded generator makes an epoch's order a function of seed and epoch alone;
         # Accelerate synchronises it across processes so that shards never overlap.
         self.generator = torch.Generator()
-        workers: dict[str, Any] = {"num_workers": config.num_workers, "persistent_workers": config.num_workers > 0}
-        train = DataLoader(train_set, batch_size=config.batch_size, shuffle=True, generator=self.generator, **workers)
+        # Not persistent: a new iterator draws a base seed from the generator before the
+        # permutation, a reused one does not, so an epoch's order would depend on whether the
+        # workers lived through earlier epochs, and a resume (a fresh loader) would skip other
+        # batches than those the interrupted run had taken. The cost: workers start each epoch.
+        train = DataLoader(train_set, batch_size=config.batch_size, shuffle=True, generator=self.generator,
+                           num_workers=config.num_workers)  # fmt: skip
         # Its own generator too: iterating a DataLoader draws a seed, which would otherwise come
         # from the global RNG and shift the dropout masks of the training after each evaluation.
-        test = DataLoader(test_set, batch_size=config.eval_batch_size, shuffle=False,
-                          generator=torch.Generator(), **workers)  # fmt: skip
+        # Unshuffled, so its workers may persist across evaluations.
+        test = DataLoader(test_set, batch_size=config.eval_batch_size, shuffle=False, generator=torch.Generator(),
+                          num_workers=config.num_workers, persistent_workers=config.num_workers > 0)  # fmt: skip
         self.train, self.test = accelerator.prepare(train, test)
 
     def __len__(self) -> int:

@@ -44,6 +44,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     strategy = describe(accelerator)
     resume = ckpt.resolve_checkpoint(config.resume_from, config.output_dir) if config.resume_from else None
     state = ckpt.read_state(resume) if resume else ckpt.TrainState()
+    rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
     check_output_dir(config, resuming=resume is not None)
 
     set_seed(config.seed)
@@ -51,6 +52,8 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
         train_set, test_set = load_datasets(config.dataset, config.data_dir, download=config.download)
     model_name = config.model if model is None else type(model).__name__
     model = build_model(config.model) if model is None else model
+    if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
+        set_seed(config.seed, device_specific=True)
     n_params = num_parameters(model)
     state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
     data = Loaders(train_set, test_set, config, accelerator)
@@ -71,7 +74,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     prewarm_seconds = prewarm(model, config, accelerator.device, per_process) if config.prewarm else 0.0
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch)
     if resume:
-        ckpt.load_checkpoint(accelerator, resume)
+        ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")
     # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
     # match; elsewhere they stay fp32 and autocast (if any) does the casting.

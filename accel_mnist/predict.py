@@ -171,7 +171,8 @@ def _read_idx_images(path: Path) -> torch.Tensor:
         head = f.read(2)
     if head not in _IDX_OR_GZIP_MAGIC:
         raise UsageError(f"{path}: not an image ({', '.join(IMAGE_FORMATS)}) or IDX file")
-    records = read_idx(path)  # a DataError names the file and the problem
+    # Streamed and bounded: refused from its header unless (N, 28, 28) within the size cap.
+    records = read_idx(path, shape=(None, 28, 28))  # a DataError names the file and the problem
     if records.ndim != 3 or records.shape[1:] != (28, 28) or records.dtype != np.uint8:
         raise UsageError(
             f"{path}: expected IDX images of shape (N, 28, 28) uint8, found {records.shape} {records.dtype}"

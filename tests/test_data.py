@@ -99,7 +99,9 @@ def _trailing(p, w):
 
 
 def _truncated_gz(p, w):
-    full = gzip.compress(np.random.default_rng(0).bytes(1000))
+    # A valid header, so that the stream (read as it inflates) breaks off inside the data.
+    header = bytes([0, 0, 0x08, 1]) + (1000).to_bytes(4, "big")
+    full = gzip.compress(header + np.random.default_rng(0).bytes(1000))
     p.write_bytes(full[: len(full) // 2])
 
 
@@ -136,6 +138,57 @@ def test_read_idx_rejects_corrupt_files(tmp_path, write_idx, make, words):
     with pytest.raises(DataError) as excinfo:
         read_idx(path)
     assert_data_error(excinfo, path, *words)
+
+
+def gzip_bomb(path, header_dims, data_bytes, inflated_gib):
+    """A gzip of an IDX header (uint8, `header_dims`) and `data_bytes` zeros, followed by
+    members of zeros that inflate to `inflated_gib` GiB (gzip readers join members)."""
+    header = bytes([0, 0, 0x08, len(header_dims)]) + b"".join(d.to_bytes(4, "big") for d in header_dims)
+    member = gzip.compress(bytes(64 << 20), compresslevel=9)  # 64 MiB -> 65 KB
+    with open(path, "wb") as f:
+        f.write(gzip.compress(header + bytes(data_bytes)))
+        for _ in range(inflated_gib * 16):
+            f.write(member)
+    return path
+
+
+def test_read_idx_refuses_a_header_over_the_cap_before_reading(tmp_path):
+    # 2**31 x 28 x 28 uint8 declared in a file of a few dozen bytes.
+    path = gzip_bomb(tmp_path / "bomb.gz", (2**31 - 1, 28, 28), 0, 0)
+    with pytest.raises(DataError) as excinfo:
+        read_idx(path)
+    assert_data_error(excinfo, path, "over the limit of", str(data.MAX_IDX_BYTES), "not read")
+
+
+def test_read_idx_cap_is_a_parameter(tmp_path, write_idx):
+    path = write_idx(tmp_path / "x", np.zeros((4, 28, 28), np.uint8), gz=True)
+    assert read_idx(path, max_bytes=4 * 784).shape == (4, 28, 28)
+    with pytest.raises(DataError, match="over the limit of 3135"):
+        read_idx(path, max_bytes=4 * 784 - 1)
+
+
+def test_read_idx_refuses_a_wrong_shape_from_the_header(tmp_path, write_idx):
+    path = write_idx(tmp_path / "x", np.zeros((2, 3), np.uint8))
+    with pytest.raises(DataError, match=r"expected IDX records of shape \(N, 28, 28\), the header declares \(2, 3\)"):
+        read_idx(path, shape=(None, 28, 28))
+
+
+def test_read_idx_of_a_gzip_bomb_stays_small(tmp_path):
+    """A 2 MB file inflating to 2 GiB: the declared 10 records are read, then at most
+    MAX_TRAILING bytes more; the peak of Python allocations stays a few MB."""
+    import tracemalloc
+
+    path = gzip_bomb(tmp_path / "bomb.gz", (10, 28, 28), 10 * 784, 2)
+    assert path.stat().st_size < 3 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as excinfo:
+            read_idx(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert_data_error(excinfo, path, f"more than {data.MAX_TRAILING} trailing bytes")
+    assert peak < 16 << 20, f"peak {peak} bytes"
 
 
 def test_read_idx_missing_file(tmp_path):

@@ -270,3 +270,37 @@ def test_cli_evaluate_on_two_processes(exported):
                    launch=launch)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert_summary(proc.stdout, results)
+
+
+# The CLI in a child process that reports its own peak resident memory (kB) on stdout's last line.
+PEAK_RSS_SCRIPT = """
+import resource, sys
+from accel_mnist.cli import main
+code = main(sys.argv[1:])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def predict_peak_rss(export: Path, path: Path) -> tuple[subprocess.CompletedProcess, int]:
+    cmd = [sys.executable, "-c", PEAK_RSS_SCRIPT, "predict", "--model-path", str(export), str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    return proc, int(proc.stdout.strip().splitlines()[-1])
+
+
+def test_predict_on_gzip_bombs_stays_within_memory(exported, tmp_path, write_idx):
+    from test_data import gzip_bomb
+
+    small = write_idx(tmp_path / "ten-idx3-ubyte.gz", np.zeros((10, 28, 28), np.uint8), gz=True)
+    proc, baseline = predict_peak_rss(exported[0], small)
+    assert proc.returncode == 0 and proc.stdout.count("\t") == 20, proc.stderr[-2000:]
+    # Ten records and then 2 GiB of zeros, from a 2 MB file.
+    inflating = gzip_bomb(tmp_path / "inflating.gz", (10, 28, 28), 10 * 784, 2)
+    proc, peak = predict_peak_rss(exported[0], inflating)
+    assert_cli_error(proc, inflating, "trailing bytes")
+    assert peak < baseline + 64 * 1024, f"{peak} kB against {baseline} kB for ten records"
+    # A header that declares 2**31 records of 28x28 in a few dozen bytes.
+    declaring = gzip_bomb(tmp_path / "declaring.gz", (2**31 - 1, 28, 28), 0, 0)
+    proc, peak = predict_peak_rss(exported[0], declaring)
+    assert_cli_error(proc, declaring, "over the limit")
+    assert peak < baseline + 64 * 1024, f"{peak} kB against {baseline} kB for ten records"
