@@ -11,6 +11,7 @@ directory is touched.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import ConfigError, UsageError
+from .optim import check_deepspeed_optim
 
 MAX_DEEPSPEED_JSON_BYTES = 1 << 20  # a DeepSpeed config is a few kB; refuse to parse anything huge
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
@@ -58,6 +60,10 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
     ds_json = _deepspeed_json() if use_deepspeed else None
     if use_deepspeed:
         _check_deepspeed_fields(ds_json is not None)
+    if ds_json is not None:
+        # The same check runs again on Accelerate's copy (runtime._align_deepspeed); here it only
+        # refuses early a JSON optimizer/scheduler that DeepSpeed would reject mid-setup.
+        check_deepspeed_optim(copy.deepcopy(ds_json), config)
     grad_accum, note = _resolve_grad_accum(config, launcher, ds_json, use_deepspeed)
     settings = LaunchSettings(grad_accum=grad_accum, notes=[note] if note else [])
     config.grad_accum = grad_accum
