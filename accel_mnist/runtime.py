@@ -162,7 +162,32 @@ def prepare(
     optimizer = build_optimizer(model, config, plugin)
     scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if accelerator.mixed_precision == "fp8":
+        _report_fp8(accelerator, model)
     return model, optimizer, scheduler
+
+
+_FP8_MODULES = ("torchao.", "transformer_engine.", "msamp.")
+
+
+def _report_fp8(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Say which layers the fp8 backend converted; none converted means fp8 would be a silent no-op.
+
+    torchao (Accelerate's first choice) skips the first and last Linear and any whose sizes are
+    not multiples of 16, so small models may have nothing left to convert.
+    """
+    converted = [
+        f"{name} ({type(m).__name__})"
+        for name, m in accelerator.unwrap_model(model).named_modules()
+        if type(m).__module__.startswith(_FP8_MODULES)
+    ]
+    backend = getattr(accelerator.fp8_backend, "value", str(accelerator.fp8_backend))
+    if not converted:
+        raise UsageError(
+            f"mixed precision fp8 ({backend}) converted no layer of this model (torchao skips the first and last "
+            "Linear and sizes not divisible by 16); launch with --mixed_precision bf16"
+        )
+    logger.info(f"fp8 ({backend}) layers: {', '.join(converted)}")
 
 
 def describe(accelerator: Accelerator) -> dict[str, Any]:

@@ -145,3 +145,20 @@ def test_wizard_multi_cpu_that_starts_one_process_is_refused(tmp_path, data):
     assert len(errors) == 1 and "asks for 2 processes (distributed_type: MULTI_CPU)" in errors[0], proc.stderr
     assert "accelerate_configs/multi_cpu.yaml" in errors[0] and "mpirun" in errors[0]
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.gpu
+def test_fp8_reports_converted_layers_or_refuses(tmp_path, data):
+    """On a GPU with an fp8 backend: mlp's middle Linear (512->256) is converted and named; the
+    linear model has no layer torchao converts (its only Linear is first and last) and is refused."""
+    import torch
+    from accelerate.utils import is_fp8_available
+
+    if not torch.cuda.is_available() or not is_fp8_available():
+        pytest.skip("needs a CUDA GPU and torchao, transformer_engine or msamp")
+    env = {"ACCELERATE_MIXED_PRECISION": "fp8"}
+    proc = run_module(env, tmp_path / "mlp", "--model", "mlp", "--max-steps", "20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fp8 (" in proc.stderr and "layers: net.3" in proc.stderr, proc.stderr[-3000:]
+    proc = run_module(env, tmp_path / "linear", "--model", "linear")
+    assert proc.returncode == 2 and "converted no layer" in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
