@@ -73,12 +73,31 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
             f"accelerate drops it here; clipping comes from the training config (--max-grad-norm, now "
             f"{config.max_grad_norm})"
         )
-    if use_deepspeed and env_flag("ACCELERATE_DEEPSPEED_ZERO3_INIT"):
+    if use_deepspeed and _zero3_init(ds_json):
+        from accelerate.utils import is_transformers_available
+
+        if not is_transformers_available():  # Accelerate raises a bare Exception for this
+            raise UsageError(
+                "zero3_init_flag is on (the default for ZeRO-3 when the YAML leaves it out), which Accelerate only "
+                "allows with transformers installed, and it has no effect on accel_mnist's models; set "
+                "zero3_init_flag: false in the accelerate config"
+            )
         settings.notes.append(
             "zero3_init_flag has no effect here: Accelerate applies deepspeed.zero.Init only to Transformers "
             "models; ZeRO-3 partitions this model's parameters when it is prepared"
         )
     return settings
+
+
+def _zero3_init(ds_json: dict[str, Any] | None) -> bool:
+    """Whether DeepSpeedPlugin will turn zero3_init_flag on: as asked, else on for ZeRO-3."""
+    asked = os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT")
+    if asked is not None:
+        return asked.strip().lower() in ("1", "true", "yes")
+    stage = (ds_json or {}).get("zero_optimization", {}).get("stage") if ds_json else None
+    if stage is None:
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    return str(stage) == "3"
 
 
 def _resolve_grad_accum(
