@@ -140,9 +140,9 @@ def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: 
     }
     for key, value in wanted.items():
         old = ds.get(key, "auto")
-        # Clipping belongs to the TrainConfig; say so when the accelerate config asked for
-        # something else (accumulation was reconciled, and reported, by check_launch).
-        if key == "gradient_clipping" and old not in ("auto", "none", None, value):
+        # Batch size and clipping belong to the TrainConfig; say so when a DeepSpeed JSON or the
+        # YAML asked for something else (accumulation was reconciled, and reported, by check_launch).
+        if key != "gradient_accumulation_steps" and old not in ("auto", "none", None, value):
             notes.append(f"DeepSpeed config sets {key}={old}; using the training config's {value}")
         ds[key] = value
     # Accelerate keeps its own copy of the accumulation steps and checks it against DeepSpeed's.
