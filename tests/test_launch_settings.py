@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from accel_mnist import TrainConfig
+from accel_mnist.errors import UsageError
 from accel_mnist.launch_settings import check_launch
 from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
 
@@ -162,3 +163,42 @@ def test_fp8_reports_converted_layers_or_refuses(tmp_path, data):
     assert "fp8 (" in proc.stderr and "layers: net.3" in proc.stderr, proc.stderr[-3000:]
     proc = run_module(env, tmp_path / "linear", "--model", "linear")
     assert proc.returncode == 2 and "converted no layer" in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
+
+
+def parsed_launch(*argv: str):
+    """What launcher_args() returns for `accelerate launch ARGV -m accel_mnist train`."""
+    from accelerate.commands.launch import launch_command_parser
+
+    args, _ = launch_command_parser().parse_known_args([*argv, "-m", "accel_mnist", "train"])
+    args._cwd = str(REPO)
+    return args
+
+
+@pytest.mark.parametrize(
+    "argv, refused",
+    [
+        (["--config_file", "WIZARD"], True),  # the wizard's MULTI_CPU, 2 processes, simple launcher
+        (["--config_file", str(CONFIGS / "cpu.yaml"), "--num_processes", "2"], True),
+        (["--config_file", str(CONFIGS / "cpu.yaml")], False),
+        (["--config_file", str(CONFIGS / "multi_cpu.yaml")], False),  # torchrun starts both
+        (["--config_file", str(CONFIGS / "zero2.yaml")], False),
+    ],
+)
+def test_process_count_check(argv, refused, tmp_path, no_accelerate_env):
+    wizard = tmp_path / "wizard.yaml"
+    wizard.write_text(WIZARD_MULTI_CPU)
+    args = parsed_launch(*[str(wizard) if a == "WIZARD" else a for a in argv])
+    no_accelerate_env.setattr("accel_mnist.launch_settings.launcher_args", lambda: args)
+    no_accelerate_env.delenv("WORLD_SIZE", raising=False)
+    if refused:
+        with pytest.raises(UsageError, match="started only this one"):
+            check_launch(TrainConfig())
+    else:
+        check_launch(TrainConfig())
+
+
+def test_gradient_clipping_flag_outside_deepspeed_is_reported(no_accelerate_env):
+    args = parsed_launch("--config_file", str(CONFIGS / "cpu.yaml"), "--gradient_clipping", "1.0")
+    no_accelerate_env.setattr("accel_mnist.launch_settings.launcher_args", lambda: args)
+    notes = check_launch(TrainConfig()).notes
+    assert len(notes) == 1 and "--gradient_clipping 1.0 only applies to DeepSpeed" in notes[0]
