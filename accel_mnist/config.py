@@ -48,7 +48,12 @@ class TrainConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
     scheduler: str = field(default="none", metadata={"help": ", ".join(SCHEDULERS)})
     step_gamma: float = field(default=0.7, metadata={"help": "lr factor per epoch for 'step'"})
-    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    grad_accum: int | None = field(
+        default=None,
+        metadata={
+            "help": "micro-batches per optimizer step (unset: the launcher's --gradient_accumulation_steps, else 1)"
+        },
+    )
     max_grad_norm: float | None = field(
         default=None, metadata={"help": "clip gradients to this norm (none: no clipping)"}
     )
@@ -106,8 +111,10 @@ class TrainConfig:
             _choice("dataset", self.dataset, (*DATASETS, "hf:NAME_OR_PATH"))
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("scheduler", self.scheduler, SCHEDULERS)
-        for key in ("epochs", "batch_size", "eval_batch_size", "grad_accum", "log_every"):
+        for key in ("epochs", "batch_size", "eval_batch_size", "log_every"):
             _at_least(key, getattr(self, key), 1)
+        if self.grad_accum is not None:
+            _at_least("grad_accum", self.grad_accum, 1)
         _choice("log_level", self.log_level, LOG_LEVELS)
         _choice("report_to", self.report_to, TRACKERS)
         _choice("data_loader", self.data_loader, DATA_LOADERS)

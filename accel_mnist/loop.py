@@ -58,7 +58,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
     data = Loaders(train_set, test_set, config, accelerator)
     batches = len(data)
-    steps_per_epoch = math.ceil(batches / config.grad_accum)
+    steps_per_epoch = math.ceil(batches / accelerator.gradient_accumulation_steps)
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
@@ -189,7 +189,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
         "wall_seconds": time.perf_counter() - start,
         "skipped_steps": state.skipped_steps, "model": model_name, "dataset": config.dataset,
         "num_parameters": n_params,
-        "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
+        "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
         **strategy, "data_loader": data.kind, "confusion_matrix": confusion_matrix, "versions": versions(),
     }  # fmt: skip
     outputs.write_results(results)

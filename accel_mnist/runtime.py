@@ -21,7 +21,8 @@ from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
 
 from .config import TrainConfig
 from .errors import UsageError
-from .optim import build_optimizer, build_scheduler
+from .launch_settings import check_launch, env_flag
+from .optim import build_optimizer, build_scheduler, check_deepspeed_optim
 
 logger = get_logger(__name__)
 
@@ -77,26 +78,22 @@ def _speed_up_accelerate() -> None:
         accelerate.optimizer.inspect = _CachedSignatures()  # type: ignore[assignment]
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
-
-
 def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
-    """An Accelerator for `config`, with the strategy taken from the accelerate config/env."""
+    """An Accelerator for `config`, with the strategy taken from the accelerate config/env.
+
+    Resolves `config.grad_accum` (in place) from the launcher when the config leaves it unset,
+    and refuses any launcher setting the loop cannot honour, before anything is written.
+    """
     _speed_up_accelerate()
-    use_deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
+    launch = check_launch(config)
+    grad_accum = launch.grad_accum
+    use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
     # DeepSpeed calls torch collectives that torch has deprecated, and torch warns on every
     # call: under ZeRO-3 that is several lines per step, drowning everything else.
     warnings.filterwarnings(
         "ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).* is deprecated", category=FutureWarning
     )
     handlers = list(kwargs.pop("kwargs_handlers", []))
-    if use_deepspeed and _env_flag("ACCELERATE_USE_CPU"):
-        # Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.
-        raise UsageError(
-            "DeepSpeed was requested together with --cpu/use_cpu, and Accelerate would silently drop "
-            "DeepSpeed; leave out --cpu (DeepSpeed runs on CPU when no GPU is present)"
-        )
     if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Started by torchrun on a machine without a GPU, Accelerate would pick no process-group
         # backend and run each process as its own world of one: every rank would train on all
@@ -106,9 +103,8 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
         else:
             kwargs.setdefault("cpu", True)
     accelerator = Accelerator(
-        # An explicit plugin: the launcher's ACCELERATE_GRADIENT_ACCUMULATION_STEPS would
-        # otherwise silently replace config.grad_accum.
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=config.grad_accum),
+        # An explicit plugin, with the accumulation check_launch resolved from both sides.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=grad_accum),
         # Our schedules count optimizer steps on one process; Accelerate's default would step
         # them num_processes times per step under DDP but once under DeepSpeed.
         step_scheduler_with_optimizer=False,
@@ -121,36 +117,37 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
         torch.backends.cudnn.benchmark = True
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UsageError("mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)")
-    _align_deepspeed(accelerator, config)
+    notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum)]
+    for note in notes:
+        logger.warning(note)  # main process only: once per run
     return accelerator
 
 
-_TRAIN_CONFIG_KEYS = ("gradient_accumulation_steps", "gradient_clipping")
-
-
-def _align_deepspeed(accelerator: Accelerator, config: TrainConfig) -> None:
-    """Make DeepSpeed's batch, accumulation and clipping settings those of the TrainConfig."""
+def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: int) -> list[str]:
+    """Make DeepSpeed's batch, accumulation and clipping settings those of the TrainConfig, and
+    check a DeepSpeed JSON's own optimizer/scheduler; returns what to tell the user."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None:
-        return
+        return []
     ds = plugin.deepspeed_config
+    notes = check_deepspeed_optim(ds, config)
     wanted = {
         "train_micro_batch_size_per_gpu": config.batch_size,
-        "gradient_accumulation_steps": config.grad_accum,
-        "train_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": config.batch_size * grad_accum * accelerator.num_processes,
         # DeepSpeed clips inside engine.step(); 0 turns its clipping off.
         "gradient_clipping": config.max_grad_norm or 0.0,
     }
     for key, value in wanted.items():
         old = ds.get(key, "auto")
-        # Accumulation and clipping belong to the TrainConfig; say so when the accelerate
-        # config asked for something else (1 is the wizard's default for accumulation).
-        unremarkable = ("auto", "none", None, value, *((1,) if key == "gradient_accumulation_steps" else ()))
-        if key in _TRAIN_CONFIG_KEYS and old not in unremarkable:
-            logger.warning(f"DeepSpeed config sets {key}={old}; using the training config's {value}")
+        # Batch size and clipping belong to the TrainConfig; say so when a DeepSpeed JSON or the
+        # YAML asked for something else (accumulation was reconciled, and reported, by check_launch).
+        if key != "gradient_accumulation_steps" and old not in ("auto", "none", None, value):
+            notes.append(f"DeepSpeed config sets {key}={old}; using the training config's {value}")
         ds[key] = value
     # Accelerate keeps its own copy of the accumulation steps and checks it against DeepSpeed's.
-    plugin.gradient_accumulation_steps = config.grad_accum
+    plugin.gradient_accumulation_steps = grad_accum
+    return notes
 
 
 def prepare(
@@ -158,12 +155,39 @@ def prepare(
 ) -> tuple[Any, Any, Any]:
     """Model, optimizer and schedule, built and prepared in the order the strategy needs.
 
-    The loop gets the three prepared objects and never learns which strategy made them.
+    The loop gets the three prepared objects and never learns which strategy made them (a
+    DeepSpeed JSON's own optimizer and schedule included: DeepSpeed steps those itself).
     """
-    optimizer = build_optimizer(model, config)
-    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch)
+    plugin = accelerator.state.deepspeed_plugin
+    optimizer = build_optimizer(model, config, plugin)
+    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if accelerator.mixed_precision == "fp8":
+        _report_fp8(accelerator, model)
     return model, optimizer, scheduler
+
+
+_FP8_MODULES = ("torchao.", "transformer_engine.", "msamp.")
+
+
+def _report_fp8(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Say which layers the fp8 backend converted; none converted means fp8 would be a silent no-op.
+
+    torchao (Accelerate's first choice) skips the first and last Linear and any whose sizes are
+    not multiples of 16, so small models may have nothing left to convert.
+    """
+    converted = [
+        f"{name} ({type(m).__name__})"
+        for name, m in accelerator.unwrap_model(model).named_modules()
+        if type(m).__module__.startswith(_FP8_MODULES)
+    ]
+    backend = getattr(accelerator.fp8_backend, "value", str(accelerator.fp8_backend))
+    if not converted:
+        raise UsageError(
+            f"mixed precision fp8 ({backend}) converted no layer of this model (torchao skips the first and last "
+            "Linear and sizes not divisible by 16); launch with --mixed_precision bf16"
+        )
+    logger.info(f"fp8 ({backend}) layers: {', '.join(converted)}")
 
 
 def describe(accelerator: Accelerator) -> dict[str, Any]:

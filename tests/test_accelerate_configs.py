@@ -65,6 +65,14 @@ EXPECTED: dict[str, dict] = {
         use_cpu=False,
         deepspeed_config_file="accelerate_configs/deepspeed_config.json",
     ),
+    # The same, with a JSON that has its own optimizer and scheduler sections.
+    "zero_file_optim_sched.yaml": dict(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        mixed_precision=None,
+        use_cpu=False,
+        deepspeed_config_file="accelerate_configs/deepspeed_optim_sched.json",
+    ),
     # Two machines x 8 GPUs; num_processes is the total over all machines.
     "multinode_ddp.yaml": dict(
         distributed_type=DistributedType.MULTI_GPU,
@@ -158,7 +166,7 @@ def test_config_parses_and_matches_its_name(path: Path):
     # Cross-check against the file name itself, not only against the table above.
     stem = path.stem
     assert ("multinode" in stem) == (cfg.num_machines > 1)
-    if "zero" in stem and stem != "zero_file":
+    if "zero" in stem and not stem.startswith("zero_file"):
         assert cfg.distributed_type == DistributedType.DEEPSPEED
         ds = cfg.deepspeed_config
         assert ds["zero_stage"] == int(stem.split("zero")[1][0]) == exp["zero_stage"]
@@ -171,7 +179,7 @@ def test_config_parses_and_matches_its_name(path: Path):
         assert ds["zero3_init_flag"] is False
         if ds["zero_stage"] == 3:
             assert ds["zero3_save_16bit_model"] is True
-    elif stem == "zero_file":
+    elif stem.startswith("zero_file"):
         ds = cfg.deepspeed_config
         assert ds["deepspeed_config_file"] == exp["deepspeed_config_file"]
         assert (REPO_ROOT / ds["deepspeed_config_file"]).is_file()

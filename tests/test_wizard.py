@@ -78,9 +78,9 @@ EXPECTED = {
                 run=("NO", 1, 0)),
     # MULTI_CPU with num_processes 2, but without an mpirun hostfile `accelerate launch` uses its
     # simple launcher: ONE python process, which sees world size 1 (hence multi_cpu.yaml is
-    # MULTI_GPU + use_cpu, launched through torchrun).
+    # MULTI_GPU + use_cpu, launched through torchrun). accel_mnist refuses it (run=None).
     "multi_cpu": dict(yaml={"distributed_type": "MULTI_CPU", "num_processes": 2, "use_cpu": True},
-                      run=("NO", 1, 0)),
+                      run=None),
     "zero2": dict(yaml={"distributed_type": "DEEPSPEED", "num_processes": 2, "use_cpu": False},
                   run=("DEEPSPEED", 2, 2)),
 }  # fmt: skip
@@ -136,6 +136,10 @@ def test_wizard_config_trains(name, tmp_path):
         }  # fmt: skip
 
     proc, results = accelerate_launch(["--config_file", str(config_file)], TRAIN_ARGS, tmp_path / "run", timeout=300)
+    if expected["run"] is None:  # refused before any work, with the fix named
+        assert proc.returncode != 0 and "accelerate_configs/multi_cpu.yaml" in proc.stderr, proc.stderr[-4000:]
+        assert not (tmp_path / "run").exists()
+        return
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (results["distributed_type"], results["num_processes"], results["zero_stage"]) == expected["run"]
     assert results["steps"] == 20 and results["global_batch_size"] == 64 * expected["run"][1]

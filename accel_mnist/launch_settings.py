@@ -1,0 +1,264 @@
+"""What `accelerate launch` and the accelerate config asked for, checked before any work.
+
+Some settings never reach the training process in a form Accelerate acts on: outside DeepSpeed
+`accelerate launch --gradient_accumulation_steps N` is not exported at all, and the wizard's
+MULTI_CPU answer starts one process where it promised several. This module reads what the
+launcher was told (its environment, and its own command line parsed by accelerate's parser),
+so that every such setting is either honoured or refused with one line, before the output
+directory is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import TrainConfig
+from .errors import ConfigError, UsageError
+from .optim import check_deepspeed_optim
+
+MAX_DEEPSPEED_JSON_BYTES = 1 << 20  # a DeepSpeed config is a few kB; refuse to parse anything huge
+_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
+_FP8_BACKENDS = ("torchao", "transformer_engine", "msamp")
+
+
+@dataclass
+class LaunchSettings:
+    """The launcher's settings that matter to the loop, and what to tell the user about them."""
+
+    grad_accum: int
+    notes: list[str] = field(default_factory=list)  # one warning each, printed once by the main process
+
+
+def env_flag(name: str) -> bool:
+    """An ACCELERATE_* boolean as accelerate writes it ('true'/'True'/'1')."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def check_launch(config: TrainConfig) -> LaunchSettings:
+    """Refuse what the loop cannot honour, and resolve `config.grad_accum` (set in place).
+
+    Runs in every process before the Accelerator exists, so nothing has been written yet.
+    """
+    launcher = launcher_args()
+    use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
+    if use_deepspeed and env_flag("ACCELERATE_USE_CPU"):
+        # Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.
+        raise UsageError(
+            "DeepSpeed was requested together with --cpu/use_cpu, and Accelerate would silently drop "
+            "DeepSpeed; leave out --cpu (DeepSpeed runs on CPU when no GPU is present)"
+        )
+    if env_flag("ACCELERATE_USE_MEGATRON_LM"):
+        raise UsageError("Megatron-LM (distributed_type: MEGATRON_LM) is not supported; use a DDP or DeepSpeed config")
+    _check_process_count(launcher)
+    _check_fp8()
+    ds_json = _deepspeed_json() if use_deepspeed else None
+    if use_deepspeed:
+        _check_deepspeed_fields(ds_json is not None)
+    if ds_json is not None:
+        # The same check runs again on Accelerate's copy (runtime._align_deepspeed); here it only
+        # refuses early a JSON optimizer/scheduler that DeepSpeed would reject mid-setup.
+        check_deepspeed_optim(copy.deepcopy(ds_json), config)
+    grad_accum, note = _resolve_grad_accum(config, launcher, ds_json, use_deepspeed)
+    settings = LaunchSettings(grad_accum=grad_accum, notes=[note] if note else [])
+    config.grad_accum = grad_accum
+    if launcher is not None and not use_deepspeed and launcher.gradient_clipping is not None:
+        settings.notes.append(
+            f"accelerate launch --gradient_clipping {launcher.gradient_clipping} only applies to DeepSpeed, and "
+            f"accelerate drops it here; clipping comes from the training config (--max-grad-norm, now "
+            f"{config.max_grad_norm})"
+        )
+    if use_deepspeed and _zero3_init(ds_json):
+        from accelerate.utils import is_transformers_available
+
+        if not is_transformers_available():  # Accelerate raises a bare Exception for this
+            raise UsageError(
+                "zero3_init_flag is on (the default for ZeRO-3 when the YAML leaves it out), which Accelerate only "
+                "allows with transformers installed, and it has no effect on accel_mnist's models; set "
+                "zero3_init_flag: false in the accelerate config"
+            )
+        settings.notes.append(
+            "zero3_init_flag has no effect here: Accelerate applies deepspeed.zero.Init only to Transformers "
+            "models; ZeRO-3 partitions this model's parameters when it is prepared"
+        )
+    return settings
+
+
+def _zero3_init(ds_json: dict[str, Any] | None) -> bool:
+    """Whether DeepSpeedPlugin will turn zero3_init_flag on: as asked, else on for ZeRO-3."""
+    asked = os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT")
+    if asked is not None:
+        return asked.strip().lower() in ("1", "true", "yes")
+    stage = (ds_json or {}).get("zero_optimization", {}).get("stage") if ds_json else None
+    if stage is None:
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    return str(stage) == "3"
+
+
+def _resolve_grad_accum(
+    config: TrainConfig, launcher: argparse.Namespace | None, ds_json: dict[str, Any] | None, use_deepspeed: bool
+) -> tuple[int, str | None]:
+    """The training config's grad_accum when set, else the launcher's, else 1; and a note when they differ."""
+    asked: tuple[int, str] | None = None
+    json_value = (ds_json or {}).get("gradient_accumulation_steps")
+    env_value = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "").strip()
+    if isinstance(json_value, int) and not isinstance(json_value, bool):
+        # Accelerate keeps a JSON's own number over the launcher's (it fills only "auto").
+        asked = (json_value, "the DeepSpeed JSON's gradient_accumulation_steps")
+    elif env_value:
+        if not env_value.isdigit() or int(env_value) < 1:
+            raise ConfigError(f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS: must be an integer >= 1, got {env_value!r}")
+        source = "the accelerate config's gradient_accumulation_steps" if use_deepspeed else ""
+        asked = (int(env_value), source or "ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    elif launcher is not None and launcher.gradient_accumulation_steps is not None:
+        # Outside DeepSpeed, accelerate launch parses this flag and then drops it.
+        asked = (int(launcher.gradient_accumulation_steps), "accelerate launch --gradient_accumulation_steps")
+    if asked is not None and asked[0] < 1:
+        raise ConfigError(f"{asked[1]}: must be >= 1, got {asked[0]}")
+    if config.grad_accum is None:
+        return (asked[0] if asked else 1), None
+    if asked is not None and asked[0] != config.grad_accum:
+        return config.grad_accum, (
+            f"{asked[1]} is {asked[0]}, the training config's grad_accum is {config.grad_accum}: "
+            f"using grad_accum={config.grad_accum} (leave --grad-accum unset to use the launcher's)"
+        )
+    return config.grad_accum, None
+
+
+def _check_process_count(launcher: argparse.Namespace | None) -> None:
+    """Stop when the accelerate config asked for several processes but only this one runs."""
+    started = next((int(os.environ[v]) for v in _MPI_SIZE_VARS if os.environ.get(v, "").isdigit()), 1)
+    if launcher is None or started > 1:
+        return
+    cfg = _accelerate_config(launcher)
+    wanted = launcher.num_processes if launcher.num_processes is not None else getattr(cfg, "num_processes", None)
+    machines = launcher.num_machines if launcher.num_machines is not None else getattr(cfg, "num_machines", 1)
+    if not wanted or int(wanted) <= 1 or (machines or 1) > 1:
+        return
+    kind = getattr(getattr(cfg, "distributed_type", None), "value", "NO") if cfg is not None else "NO"
+    if launcher.multi_gpu or launcher.use_deepspeed or kind not in ("NO", "MULTI_CPU"):
+        return  # torchrun/deepspeed would have started them; WORLD_SIZE would say so
+    raise UsageError(
+        f"the accelerate config asks for {wanted} processes (distributed_type: {kind}) but accelerate launch "
+        "started only this one: without an mpirun hostfile it runs the script once. For several CPU processes "
+        "use --config_file accelerate_configs/multi_cpu.yaml, or set mpirun_config.mpirun_hostfile (mpirun)"
+    )
+
+
+def _check_fp8() -> None:
+    if os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower() != "fp8":
+        return
+    from accelerate.utils import is_fp8_available
+
+    if not is_fp8_available():
+        raise UsageError(
+            f"mixed precision fp8 needs one of {', '.join(_FP8_BACKENDS)} installed, and none is; "
+            "install one (e.g. pip install torchao) or launch with --mixed_precision bf16"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("mixed precision fp8 needs a GPU (compute capability 8.9+); on CPU use --mixed_precision no")
+
+
+def _deepspeed_json() -> dict[str, Any] | None:
+    """The deepspeed_config_file's contents (None without one); a one-line error if unreadable."""
+    name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+    if name in ("", "none"):
+        return None
+    path = Path(name)
+    if not path.is_file():
+        raise UsageError(f"deepspeed_config_file {path} does not exist (a relative path is read from {Path.cwd()})")
+    if path.stat().st_size > MAX_DEEPSPEED_JSON_BYTES:
+        raise UsageError(f"deepspeed_config_file {path}: larger than {MAX_DEEPSPEED_JSON_BYTES} bytes")
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"deepspeed_config_file {path}: not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"deepspeed_config_file {path}: expected a JSON object, got {type(data).__name__}")
+    if "zero_optimization" not in data:
+        raise UsageError(f"deepspeed_config_file {path}: needs a zero_optimization section (Accelerate requires it)")
+    return data
+
+
+# What accelerate 1.15 refuses next to a deepspeed_config_file (DeepSpeedPlugin._deepspeed_config_checks).
+_FIELDS_ONLY_IN_JSON = (
+    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
+    "mixed_precision",
+)  # fmt: skip
+
+
+def _check_deepspeed_fields(has_json: bool) -> None:
+    """Accelerate raises a ValueError (with a traceback) for these; say it in one line instead."""
+    if not has_json:
+        return
+    given = [f for f in os.environ.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f in _FIELDS_ONLY_IN_JSON]
+    if given:
+        raise UsageError(
+            f"the accelerate config sets {', '.join(given)} next to deepspeed_config_file, which Accelerate "
+            "refuses; remove them from the YAML and put them in the JSON"
+        )
+
+
+def _accelerate_config(launcher: argparse.Namespace) -> Any:
+    """The accelerate config file the launcher read (None if there is none or it cannot be read)."""
+    from accelerate.commands.config.config_args import default_config_file, load_config_from_file
+
+    name = launcher.config_file
+    if name is None and not os.path.isfile(default_config_file):
+        return None
+    if name is not None and not os.path.isabs(name):
+        name = str(Path(getattr(launcher, "_cwd", ".")) / name)
+    try:
+        return load_config_from_file(name)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def launcher_args() -> argparse.Namespace | None:
+    """The `accelerate launch` command line that started this process, parsed by accelerate's own
+    parser; None when not started by `accelerate launch` or where /proc cannot tell (not Linux)."""
+    found = _launcher_argv()
+    if found is None:
+        return None
+    argv, cwd = found
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        args, _ = launch_command_parser().parse_known_args(argv)
+    except SystemExit:  # argparse's way of failing: the launcher itself would have refused this
+        return None
+    args._cwd = cwd
+    return args
+
+
+def _launcher_argv() -> tuple[list[str], str] | None:
+    """The arguments after `accelerate launch` of the nearest ancestor process that ran it."""
+    if "ACCELERATE_MIXED_PRECISION" not in os.environ:  # every accelerate launcher exports it
+        return None
+    pid = os.getppid()
+    for _ in range(4):  # the launcher is the parent (simple launcher, torchrun's in-process agent) or close
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            return None
+        words = [a.decode(errors="replace") for a in argv if a]
+        for i, word in enumerate(words):
+            base = os.path.basename(word)
+            if base == "accelerate" and words[i + 1 : i + 2] == ["launch"]:
+                return words[i + 2 :], cwd
+            if base == "accelerate-launch" or (word == "accelerate.commands.launch" and words[i - 1 : i] == ["-m"]):
+                return words[i + 1 :], cwd
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if pid <= 1:
+            return None
+    return None
