@@ -109,9 +109,10 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
                 f"{name} was requested together with --cpu/use_cpu, and Accelerate would silently drop "
                 f"{name}; leave out --cpu ({hint})"
             )
-    if world_size > 1 and not multi_process_device_available():
-        if use_fsdp:
-            raise UsageError(FSDP_NEEDS_A_DEVICE)
+    has_device = multi_process_device_available()
+    if use_fsdp and not has_device:
+        raise UsageError(FSDP_NEEDS_A_DEVICE)
+    if world_size > 1 and not has_device:
         # Started by torchrun on a machine without an accelerator, Accelerate would pick no
         # process-group backend and run each process as its own world of one: every rank would
         # train on all the data (and DeepSpeed's batch-size check fails). Join them over gloo.

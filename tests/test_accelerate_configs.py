@@ -86,6 +86,16 @@ EXPECTED: dict[str, dict] = {
     ),
 }
 
+# FSDP: the wizard's answers for a model without transformer blocks (NO_WRAP: one FSDP unit).
+for _name, _version in (("fsdp.yaml", 1), ("fsdp2.yaml", 2)):
+    EXPECTED[_name] = dict(
+        distributed_type=DistributedType.FSDP,
+        num_processes=2,
+        mixed_precision="bf16",
+        use_cpu=False,
+        fsdp_version=_version,
+    )
+
 # Keys `accelerate config` writes for every LOCAL_MACHINE file.
 WIZARD_KEYS = {
     "compute_environment",
@@ -179,6 +189,17 @@ def test_config_parses_and_matches_its_name(path: Path):
     else:
         assert cfg.deepspeed_config == {}
         assert cfg.use_cpu == ("cpu" in stem)  # cpu / multi_cpu run on CPU, the rest on GPUs
+    assert (cfg.distributed_type == DistributedType.FSDP) == stem.startswith("fsdp")
+    if stem.startswith("fsdp"):
+        fsdp = cfg.fsdp_config
+        assert fsdp["fsdp_version"] == exp["fsdp_version"] == (2 if stem == "fsdp2" else 1)
+        assert fsdp["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+        assert fsdp["fsdp_auto_wrap_policy"] == "NO_WRAP"
+        assert fsdp["fsdp_offload_params"] is False
+        # FSDP1-only questions are not asked (nor written) for FSDP2.
+        assert ("fsdp_use_orig_params" in fsdp) == (fsdp["fsdp_version"] == 1)
+    else:
+        assert cfg.fsdp_config == {}
 
 
 @pytest.mark.parametrize("path", YAML_FILES, ids=[p.name for p in YAML_FILES])
@@ -206,6 +227,7 @@ def test_launcher_reads_config(path: Path, clean_accelerate_env):
     assert args.num_machines == exp.get("num_machines", 1)
     assert args.mixed_precision == (exp["mixed_precision"] or "no")
     assert args.use_deepspeed == (exp["distributed_type"] == DistributedType.DEEPSPEED)
+    assert args.use_fsdp == (exp["distributed_type"] == DistributedType.FSDP)
     # MULTI_GPU (incl. multi_cpu.yaml) and DEEPSPEED go through torchrun; NO through the simple launcher.
     assert args.multi_gpu == (exp["distributed_type"] == DistributedType.MULTI_GPU)
 
@@ -222,6 +244,41 @@ def test_command_line_overrides_config(name: str, clean_accelerate_env):
     assert args.num_processes == EXPECTED[name]["num_processes"]
     assert args.mixed_precision == EXPECTED[name]["mixed_precision"]
     assert mp_from_config is True
+
+
+@pytest.mark.parametrize(
+    "name, version, extra",
+    [
+        ("fsdp.yaml", 1, []),
+        ("fsdp2.yaml", 2, []),
+        ("fsdp.yaml", 1, ["--fsdp_use_orig_params", "false", "--fsdp_state_dict_type", "FULL_STATE_DICT"]),
+        ("fsdp2.yaml", 2, ["--fsdp_offload_params", "true", "--fsdp_state_dict_type", "FULL_STATE_DICT"]),
+    ],
+)
+def test_fsdp_yaml_reaches_the_workers_plugin(name, version, extra, clean_accelerate_env):
+    """Replay what a worker sees: the launcher's environment, read back by FullyShardedDataParallelPlugin."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.fsdp import StateDictType
+
+    args, _, _ = _resolve_launch_args(CONFIG_DIR / name, *extra)
+    env = prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+    for key, value in env.items():
+        if key.startswith(("ACCELERATE_", "FSDP_")):
+            clean_accelerate_env.setenv(key, value)
+    # The launcher exports sync_module_states=true (the YAML's answer for FSDP1, its default for
+    # FSDP2), and with it the plugin asks for the current GPU: there is none on this machine.
+    clean_accelerate_env.setenv("FSDP_SYNC_MODULE_STATES", "false")
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == version
+    full = "FULL_STATE_DICT" in extra
+    assert plugin.state_dict_type == (StateDictType.FULL_STATE_DICT if full else StateDictType.SHARDED_STATE_DICT)
+    assert plugin.auto_wrap_policy is None  # NO_WRAP: the root module is the one FSDP unit
+    if version == 1:
+        assert plugin.use_orig_params is ("false" not in extra)
+    offload = "--fsdp_offload_params" in extra
+    assert getattr(plugin.cpu_offload, "offload_params", type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") is offload
 
 
 def test_deepspeed_json_template():
