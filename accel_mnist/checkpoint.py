@@ -37,6 +37,10 @@ class TrainState:
     batches_in_epoch: int = 0  # micro-batches of that epoch already consumed on each process
     samples: int = 0  # training samples seen by each process
     train_seconds: float = 0.0
+    # The first optimizer step of each process start (compilation, optimizer state), included
+    # in train_seconds and timed apart, so that a steady rate can leave it out.
+    warmup_seconds: float = 0.0
+    warmup_samples: int = 0
     loss_sums: list[float] = field(default_factory=list)  # per rank, since the last evaluation
     loss_count: int = 0
     skipped_steps: int = 0

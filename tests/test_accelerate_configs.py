@@ -277,8 +277,9 @@ def test_fsdp_yaml_reaches_the_workers_plugin(name, version, extra, clean_accele
     assert plugin.auto_wrap_policy is None  # NO_WRAP: the root module is the one FSDP unit
     if version == 1:
         assert plugin.use_orig_params is ("false" not in extra)
-    offload = "--fsdp_offload_params" in extra
-    assert getattr(plugin.cpu_offload, "offload_params", type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") is offload
+    policy = plugin.cpu_offload  # FSDP1: CPUOffload(offload_params); FSDP2: CPUOffloadPolicy or OffloadPolicy
+    offloads = policy.offload_params if version == 1 else type(policy).__name__ == "CPUOffloadPolicy"
+    assert offloads is ("--fsdp_offload_params" in extra)
 
 
 def test_deepspeed_json_template():
