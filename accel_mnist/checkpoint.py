@@ -128,7 +128,8 @@ def check_compatible(
             f"{path} was saved with a {config['scheduler']} schedule over {saved.total_steps} steps but this run "
             f"has {total_steps}; keep --epochs/--max-steps as they were (or use --scheduler none or step)"
         )
-    for key in ("num_processes", "zero_stage", "distributed_type"):
+    # FSDP keys exist only under FSDP; its checkpoints differ by version and state dict type.
+    for key in ("num_processes", "zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
         if saved.strategy.get(key) != strategy.get(key):
             raise UsageError(
                 f"{path} was saved with {key}={saved.strategy.get(key)} but this run has "

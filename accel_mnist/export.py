@@ -39,10 +39,15 @@ def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tenso
     if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
         return _deepspeed_state_dict(module)
     if accelerator.distributed_type == DistributedType.FSDP:
-        # Accelerate gathers FSDP's full state dict (FSDP1 and 2) onto the main process only,
-        # offloaded to the CPU; the other processes get an empty dict. Under dynamo FSDP2 wraps
-        # the compiled module, whose keys carry its "_orig_mod." prefix.
-        return _fp32_cpu(_strip_wrapper_prefixes(accelerator.get_state_dict(model)))
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # torch's gathering, as accelerator.get_state_dict does it for FSDP2; its FSDP1 branch
+        # always offloads to the CPU, which FSDP1 refuses in one process (world size 1 turns
+        # FULL_SHARD into NO_SHARD: "offload_to_cpu=True and NO_SHARD is not supported yet").
+        # Offloaded (several processes), the full dict lands on the main process only and the
+        # others get an empty one. Under dynamo, FSDP2 wraps the compiled module ("_orig_mod.").
+        options = StateDictOptions(full_state_dict=True, cpu_offload=accelerator.num_processes > 1)
+        return _fp32_cpu(_strip_wrapper_prefixes(get_model_state_dict(model, options=options)))
     return _fp32_cpu(module.state_dict())
 
 

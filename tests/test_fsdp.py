@@ -167,8 +167,18 @@ MAKE_CHECKPOINTS = textwrap.dedent(
         if state.is_main_process:
             (out / kind / "trainer_state.json").write_text(sys.argv[2])
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # The live export's path (export.full_state_dict) on this FSDP2 model, in every rank.
+    from types import SimpleNamespace
+    from accelerate.utils import DistributedType
+    from accel_mnist.export import full_state_dict
+    fsdp_run = SimpleNamespace(distributed_type=DistributedType.FSDP, num_processes=state.num_processes,
+                               state=SimpleNamespace(deepspeed_plugin=None), unwrap_model=lambda m, **kw: m)
+    live = full_state_dict(fsdp_run, model)
     if state.is_main_process:
         save_file({k: v.contiguous() for k, v in full.items()}, str(out / "expected.safetensors"))
+        save_file(live, str(out / "live.safetensors"))
+    else:
+        assert live == {}, "only the main process gets the full weights"
     state.wait_for_everyone()
     """
 )
@@ -201,6 +211,15 @@ def test_export_from_an_fsdp_checkpoint(fsdp_checkpoints, kind, tmp_path):
     model = load_model(tmp_path / "exported")
     got = model.state_dict()
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+
+
+@pytest.mark.slow
+def test_live_export_of_an_fsdp2_model(fsdp_checkpoints):
+    expected, live = (
+        load_file(fsdp_checkpoints / "expected.safetensors"),
+        load_file(fsdp_checkpoints / "live.safetensors"),
+    )
+    assert live.keys() == expected.keys() and all(torch.equal(live[k], expected[k]) for k in live)
 
 
 @pytest.mark.slow
