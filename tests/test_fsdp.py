@@ -191,7 +191,7 @@ def fsdp_checkpoints(tmp_path_factory):
     script.write_text(MAKE_CHECKPOINTS)
     state = ckpt.TrainState(step=1, model="mlp", mean=0.1307, std=0.3081, config={"dataset": "mnist", "model": "mlp"})
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "0", str(script), str(out),
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(script), str(out),
                            json.dumps(asdict(state))], capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
