@@ -74,7 +74,7 @@ def _check_dynamo(accelerator: Accelerator) -> None:
         return
     fsdp = accelerator.state.fsdp_plugin if accelerator.distributed_type == DistributedType.FSDP else None
     if fsdp is not None and fsdp.fsdp_version == 1 and not fsdp.use_orig_params:
-        # torch.compile traces an FSDP1 module only with its original parameters in place.
+        # torch 2.14 dynamo (variables/builder.py): "Dynamo only supports FSDP with use_orig_params=True".
         raise UsageError(
             "torch dynamo with FSDP1 needs fsdp_use_orig_params: true (or use fsdp_version: 2); "
             "this config has use_orig_params false"
