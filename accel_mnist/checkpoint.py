@@ -39,6 +39,10 @@ class TrainState:
     batches_in_epoch: int = 0  # micro-batches of that epoch already consumed on each process
     samples: int = 0  # training samples seen by each process
     train_seconds: float = 0.0
+    # The first optimizer step of each process start (compilation, optimizer state), included
+    # in train_seconds and timed apart, so that a steady rate can leave it out.
+    warmup_seconds: float = 0.0
+    warmup_samples: int = 0
     loss_sums: list[float] = field(default_factory=list)  # per rank, since the last evaluation
     loss_count: int = 0
     skipped_steps: int = 0
@@ -126,7 +130,8 @@ def check_compatible(
             f"{path} was saved with a {config['scheduler']} schedule over {saved.total_steps} steps but this run "
             f"has {total_steps}; keep --epochs/--max-steps as they were (or use --scheduler none or step)"
         )
-    for key in ("num_processes", "zero_stage", "distributed_type"):
+    # FSDP keys exist only under FSDP; its checkpoints differ by version and state dict type.
+    for key in ("num_processes", "zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
         if saved.strategy.get(key) != strategy.get(key):
             raise UsageError(
                 f"{path} was saved with {key}={saved.strategy.get(key)} but this run has "

@@ -8,15 +8,11 @@ with `load_model` in a plain process: no Accelerate, no DeepSpeed, and no pickle
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
-import pickle
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +20,12 @@ import torch
 from torch import nn
 
 from .checkpoint import STATE_FILE
+from .checkpoint_weights import checkpoint_weights, read_safetensors
 from .errors import UsageError, one_line
-from .safe_load import allowed_globals, refusal, weights_only_loads
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
 FORMAT_VERSION = 1
-# What accelerate 1.15's save_state writes for the first prepared model: SAFE_WEIGHTS_NAME
-# (pytorch_model.bin only with safe_serialization=False, which this project never asks for)
-# or, under DeepSpeed, the engine's own checkpoint under the tag MODEL_NAME, "pytorch_model".
-ACCELERATE_WEIGHTS = "model.safetensors"
-DEEPSPEED_TAG = "pytorch_model"
 
 
 def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -48,9 +39,15 @@ def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tenso
     if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
         return _deepspeed_state_dict(module)
     if accelerator.distributed_type == DistributedType.FSDP:
-        # Untested here (no FSDP config in this project): FSDP's full state dict is gathered
-        # onto the main process only, so the other processes get an empty dict.
-        return _fp32_cpu(accelerator.get_state_dict(model))
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # torch's gathering, as accelerator.get_state_dict does it for FSDP2; its FSDP1 branch
+        # always offloads to the CPU, which FSDP1 refuses in one process (world size 1 turns
+        # FULL_SHARD into NO_SHARD: "offload_to_cpu=True and NO_SHARD is not supported yet").
+        # Offloaded (several processes), the full dict lands on the main process only and the
+        # others get an empty one. Under dynamo, FSDP2 wraps the compiled module ("_orig_mod.").
+        options = StateDictOptions(full_state_dict=True, cpu_offload=accelerator.num_processes > 1)
+        return _fp32_cpu(_strip_wrapper_prefixes(get_model_state_dict(model, options=options)))
     return _fp32_cpu(module.state_dict())
 
 
@@ -170,8 +167,8 @@ def export_from_checkpoint(
 ) -> Path:
     """Export the model of a checkpoint that `accelerator.save_state` wrote, with its trainer_state.json.
 
-    DeepSpeed shards are pickles: they are read with torch's restricted unpickler and the few
-    DeepSpeed types they hold, unless `trust_checkpoint` lets DeepSpeed unpickle anything.
+    DeepSpeed shards and FSDP files are pickles: they are read with restricted unpicklers
+    (checkpoint_weights.py), unless `trust_checkpoint` lets DeepSpeed unpickle anything.
     """
     ckpt = Path(checkpoint_dir)
     if not ckpt.is_dir():
@@ -186,16 +183,7 @@ def export_from_checkpoint(
     if not isinstance(model_name, str):
         raise UsageError(f"{ckpt / STATE_FILE}: no model name")
 
-    if (ckpt / DEEPSPEED_TAG).is_dir():
-        weights = _deepspeed_checkpoint_weights(ckpt, trust_checkpoint)
-    elif (ckpt / ACCELERATE_WEIGHTS).is_file():
-        weights = _read_safetensors(ckpt / ACCELERATE_WEIGHTS)
-    else:
-        raise UsageError(
-            f"{ckpt}: incomplete checkpoint: no {ACCELERATE_WEIGHTS} (accelerator.save_state) "
-            f"and no {DEEPSPEED_TAG}/ (DeepSpeed)"
-        )
-    weights = _fp32_cpu(_strip_wrapper_prefixes(weights))
+    weights = _fp32_cpu(_strip_wrapper_prefixes(checkpoint_weights(ckpt, trust_checkpoint)))
     from .models import MODELS
 
     if model_name in MODELS:  # fail now, not at load time, if the name does not fit the weights
@@ -205,39 +193,6 @@ def export_from_checkpoint(
         if key in state:
             extra[key] = state[key]
     return save_exported(weights, out_dir, model_name=model_name, dataset=config["dataset"], extra=extra)
-
-
-def _deepspeed_checkpoint_weights(ckpt: Path, trust: bool) -> dict[str, torch.Tensor]:
-    """Consolidate the fp32 master weights from the ZeRO shards under `ckpt/pytorch_model/`."""
-    shard_dir = ckpt / DEEPSPEED_TAG
-    for pattern in ("*_model_states.pt", "*_optim_states.pt"):
-        if not any(shard_dir.glob(pattern)):
-            raise UsageError(f"{shard_dir}: incomplete DeepSpeed checkpoint: no {pattern} files")
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    # DeepSpeed's loader unpickles every *_model_states.pt and *_optim_states.pt there with
-    # torch.load(weights_only=False), and unpickling may run any code a file names. Besides
-    # tensors and plain containers they hold four DeepSpeed types (seen with 0.19.8, fp32 and
-    # bf16, stages 1-3; DynamicLossScaler under fp16): so unless told to trust the checkpoint,
-    # force torch's restricted unpickler on those loads and allow those types alone.
-    try:
-        with _quiet(), contextlib.nullcontext() if trust else weights_only_loads(allowed_globals(deepspeed=True)):
-            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DEEPSPEED_TAG)
-    except pickle.UnpicklingError as e:
-        what = refusal(e) or one_line(e)
-        raise UsageError(
-            f"{shard_dir}: holds a pickled {what}, which is not unpickled unless you trust the checkpoint "
-            "(--trust-checkpoint)"
-        ) from None
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise UsageError(f"{shard_dir}: incomplete or unreadable DeepSpeed checkpoint: {one_line(e)}") from None
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    # DeepSpeed prints progress (stdout) and a progress bar (stderr); the CLI's output is ours.
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        yield
 
 
 def _strip_wrapper_prefixes(state: dict[str, Any]) -> dict[str, Any]:
@@ -276,7 +231,7 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
         raise UsageError(
             f"{weights_file}: does not match the sha256 in {CONFIG_FILE} (changed, or an interrupted export)"
         )
-    weights = _read_safetensors(weights_file)
+    weights = read_safetensors(weights_file)
     model = model.to("cpu")
     _check_fits(model, weights, f"{weights_file}: the weights", name)
     try:
@@ -309,17 +264,6 @@ def _read_json(file: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
-
-
-def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    # load_file parses a JSON header and copies raw bytes: nothing in the file is executed.
-    try:
-        return load_file(file, device="cpu")
-    except (SafetensorError, OSError, ValueError) as e:
-        raise UsageError(f"{file}: not a valid safetensors file ({one_line(e)})") from None
 
 
 def _check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, name: str) -> None:

@@ -107,7 +107,9 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
             "epoch": round(state.step / steps_per_epoch, 4), "step": state.step, "train_loss": train_loss,
             **evaluation, "lr": scheduler.get_last_lr()[0],
             "samples_per_second": state.samples * accelerator.num_processes / max(state.train_seconds, 1e-9),
-            "train_seconds": state.train_seconds,
+            "train_seconds": state.train_seconds, "warmup_seconds": state.warmup_seconds,
+            "steady_samples_per_second": (state.samples - state.warmup_samples) * accelerator.num_processes
+            / max(state.train_seconds - state.warmup_seconds, 1e-9),
         }  # fmt: skip
         outputs.log_metrics(metrics)
         accelerator.log(metrics, step=state.step)
@@ -132,6 +134,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
 
     model.train()
     finished = state.step >= total_steps
+    warming_up, samples_before = True, state.samples  # the first optimizer step of this process
     while not finished:
         tick = time.perf_counter()
         for inputs, labels in data.epoch(state.epoch, skip=state.batches_in_epoch):
@@ -152,6 +155,11 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
                 continue
             scheduler.step()
             state.step += 1
+            if warming_up:  # timed apart: torch.compile compiles here, optimizers allocate state
+                warming_up = False
+                loss_sum.item()  # waits for the device, so that the step is timed whole
+                state.warmup_seconds += time.perf_counter() - tick
+                state.warmup_samples += state.samples - samples_before
             state.skipped_steps += int(optimizer.step_was_skipped)
             nonfinite_run = torch.where(step_nonfinite, nonfinite_run + 1, 0)
             nonfinite_worst = torch.maximum(nonfinite_worst, nonfinite_run)

@@ -1,8 +1,9 @@
 """Build the Accelerator from the accelerate config, and describe what it chose.
 
 This is the one place that knows about strategies: it reconciles the accelerate config
-(DDP or DeepSpeed, ZeRO stage, offload, mixed precision) with the TrainConfig (batch size,
-accumulation, clipping), so that the training loop never has to ask which strategy runs.
+(DDP, DeepSpeed or FSDP, ZeRO stage, offload, mixed precision, dynamo) with the TrainConfig
+(batch size, accumulation, clipping), so that the training loop never has to ask which
+strategy runs. What Accelerate set up is checked against the launch in launch_checks.py.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 
 from .config import TrainConfig
 from .errors import UsageError
+from .launch_checks import FSDP_NEEDS_A_DEVICE, check_strategy, describe_extra, multi_process_device_available
 from .launch_settings import check_launch, env_flag
 from .optim import build_optimizer, build_scheduler, check_deepspeed_optim
 
@@ -82,22 +84,35 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     """An Accelerator for `config`, with the strategy taken from the accelerate config/env.
 
     Resolves `config.grad_accum` (in place) from the launcher when the config leaves it unset,
-    and refuses any launcher setting the loop cannot honour, before anything is written.
+    and raises UsageError, before anything is written, for any launcher setting the loop cannot
+    honour, and where the launch asks for a strategy that Accelerate would not set up (it would
+    train another one without a word).
     """
     _speed_up_accelerate()
     launch = check_launch(config)
     grad_accum = launch.grad_accum
     use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
+    use_fsdp = env_flag("ACCELERATE_USE_FSDP")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # DeepSpeed calls torch collectives that torch has deprecated, and torch warns on every
     # call: under ZeRO-3 that is several lines per step, drowning everything else.
     warnings.filterwarnings(
         "ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).* is deprecated", category=FutureWarning
     )
     handlers = list(kwargs.pop("kwargs_handlers", []))
-    if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # Started by torchrun on a machine without a GPU, Accelerate would pick no process-group
-        # backend and run each process as its own world of one: every rank would train on all
-        # the data (and DeepSpeed's batch-size check fails). Join them in one gloo group instead.
+    if use_fsdp and (env_flag("ACCELERATE_USE_CPU") or kwargs.get("cpu")):
+        # Accelerate would quietly train without it; a user who asked for sharding should know.
+        raise UsageError(
+            "FSDP was requested together with --cpu/use_cpu, and Accelerate would silently drop FSDP; "
+            "leave out --cpu (FSDP needs a GPU)"
+        )
+    has_device = multi_process_device_available()
+    if use_fsdp and not has_device:
+        raise UsageError(FSDP_NEEDS_A_DEVICE)
+    if world_size > 1 and not has_device:
+        # Started by torchrun on a machine without an accelerator, Accelerate would pick no
+        # process-group backend and run each process as its own world of one: every rank would
+        # train on all the data (and DeepSpeed's batch-size check fails). Join them over gloo.
         if use_deepspeed:
             handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
         else:
@@ -117,6 +132,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
         torch.backends.cudnn.benchmark = True
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UsageError("mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)")
+    check_strategy(accelerator, use_fsdp=use_fsdp, world_size=world_size)
     notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum)]
     for note in notes:
         logger.warning(note)  # main process only: once per run
@@ -159,6 +175,17 @@ def prepare(
     DeepSpeed JSON's own optimizer and schedule included: DeepSpeed steps those itself).
     """
     plugin = accelerator.state.deepspeed_plugin
+    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
+        # FSDP1 replaces the module's parameters (by flat ones, with use_orig_params false):
+        # an optimizer built before the wrap would step tensors that no longer train, and
+        # Accelerate's optimizer state mapping fails (KeyError: Parameter containing ...).
+        model = accelerator.prepare(model)
+        optimizer = build_optimizer(model, config, plugin)
+        scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
+        optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+        return model, optimizer, scheduler
+    # Everywhere else together: FSDP2 and DeepSpeed need the optimizer to hand its
+    # parameters over to the sharded ones, and Accelerate requires both in one call.
     optimizer = build_optimizer(model, config, plugin)
     scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -207,4 +234,5 @@ def describe(accelerator: Accelerator) -> dict[str, Any]:
         "mixed_precision": accelerator.mixed_precision,
         "device": accelerator.device.type,
         **offload,
+        **describe_extra(accelerator),
     }

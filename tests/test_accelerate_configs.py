@@ -94,6 +94,16 @@ EXPECTED: dict[str, dict] = {
     ),
 }
 
+# FSDP: the wizard's answers for a model without transformer blocks (NO_WRAP: one FSDP unit).
+for _name, _version in (("fsdp.yaml", 1), ("fsdp2.yaml", 2)):
+    EXPECTED[_name] = dict(
+        distributed_type=DistributedType.FSDP,
+        num_processes=2,
+        mixed_precision="bf16",
+        use_cpu=False,
+        fsdp_version=_version,
+    )
+
 # Keys `accelerate config` writes for every LOCAL_MACHINE file.
 WIZARD_KEYS = {
     "compute_environment",
@@ -187,6 +197,17 @@ def test_config_parses_and_matches_its_name(path: Path):
     else:
         assert cfg.deepspeed_config == {}
         assert cfg.use_cpu == ("cpu" in stem)  # cpu / multi_cpu run on CPU, the rest on GPUs
+    assert (cfg.distributed_type == DistributedType.FSDP) == stem.startswith("fsdp")
+    if stem.startswith("fsdp"):
+        fsdp = cfg.fsdp_config
+        assert fsdp["fsdp_version"] == exp["fsdp_version"] == (2 if stem == "fsdp2" else 1)
+        assert fsdp["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+        assert fsdp["fsdp_auto_wrap_policy"] == "NO_WRAP"
+        assert fsdp["fsdp_offload_params"] is False
+        # FSDP1-only questions are not asked (nor written) for FSDP2.
+        assert ("fsdp_use_orig_params" in fsdp) == (fsdp["fsdp_version"] == 1)
+    else:
+        assert cfg.fsdp_config == {}
 
 
 @pytest.mark.parametrize("path", YAML_FILES, ids=[p.name for p in YAML_FILES])
@@ -214,6 +235,7 @@ def test_launcher_reads_config(path: Path, clean_accelerate_env):
     assert args.num_machines == exp.get("num_machines", 1)
     assert args.mixed_precision == (exp["mixed_precision"] or "no")
     assert args.use_deepspeed == (exp["distributed_type"] == DistributedType.DEEPSPEED)
+    assert args.use_fsdp == (exp["distributed_type"] == DistributedType.FSDP)
     # MULTI_GPU (incl. multi_cpu.yaml) and DEEPSPEED go through torchrun; NO through the simple launcher.
     assert args.multi_gpu == (exp["distributed_type"] == DistributedType.MULTI_GPU)
 
@@ -230,6 +252,42 @@ def test_command_line_overrides_config(name: str, clean_accelerate_env):
     assert args.num_processes == EXPECTED[name]["num_processes"]
     assert args.mixed_precision == EXPECTED[name]["mixed_precision"]
     assert mp_from_config is True
+
+
+@pytest.mark.parametrize(
+    "name, version, extra",
+    [
+        ("fsdp.yaml", 1, []),
+        ("fsdp2.yaml", 2, []),
+        ("fsdp.yaml", 1, ["--fsdp_use_orig_params", "false", "--fsdp_state_dict_type", "FULL_STATE_DICT"]),
+        ("fsdp2.yaml", 2, ["--fsdp_offload_params", "true", "--fsdp_state_dict_type", "FULL_STATE_DICT"]),
+    ],
+)
+def test_fsdp_yaml_reaches_the_workers_plugin(name, version, extra, clean_accelerate_env):
+    """Replay what a worker sees: the launcher's environment, read back by FullyShardedDataParallelPlugin."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.fsdp import StateDictType
+
+    args, _, _ = _resolve_launch_args(CONFIG_DIR / name, *extra)
+    env = prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+    for key, value in env.items():
+        if key.startswith(("ACCELERATE_", "FSDP_")):
+            clean_accelerate_env.setenv(key, value)
+    # The launcher exports sync_module_states=true (the YAML's answer for FSDP1, its default for
+    # FSDP2), and with it the plugin asks for the current GPU: there is none on this machine.
+    clean_accelerate_env.setenv("FSDP_SYNC_MODULE_STATES", "false")
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == version
+    full = "FULL_STATE_DICT" in extra
+    assert plugin.state_dict_type == (StateDictType.FULL_STATE_DICT if full else StateDictType.SHARDED_STATE_DICT)
+    assert plugin.auto_wrap_policy is None  # NO_WRAP: the root module is the one FSDP unit
+    if version == 1:
+        assert plugin.use_orig_params is ("false" not in extra)
+    policy = plugin.cpu_offload  # FSDP1: CPUOffload(offload_params); FSDP2: CPUOffloadPolicy or OffloadPolicy
+    offloads = policy.offload_params if version == 1 else type(policy).__name__ == "CPUOffloadPolicy"
+    assert offloads is ("--fsdp_offload_params" in extra)
 
 
 def test_deepspeed_json_template():
@@ -357,3 +415,58 @@ def test_multi_cpu_yaml_caveats(tmp_path):
     (tmp_path / "b").mkdir()
     results = _launch_rank_script(tmp_path / "b", obvious, "cpu", env)
     assert results == ["0 1 NO"]
+
+
+# The wizard's questions for FSDP, in the order accelerate 1.15 asks them (This machine ->
+# multi-GPU -> FSDP), with the answers that fsdp.yaml / fsdp2.yaml hold.
+_FSDP_START = [
+    ("In which compute environment are you running?", "0\r"),  # This machine
+    ("Which type of machine are you using?", "\x1b[B" * 4 + "\r"),  # multi-GPU
+    ("How many different machines will you use", "1\n"),
+    ("Should distributed operations be checked while running for errors?", "no\n"),
+    ("Do you wish to optimize your script with torch dynamo?", "no\n"),
+    ("Do you want to use DeepSpeed?", "no\n"),
+    ("Do you want to use FullyShardedDataParallel?", "yes\n"),
+]
+FSDP_WIZARD = {
+    "fsdp.yaml": [
+        *_FSDP_START,
+        ("What should be your FSDP version?", "0\r"),  # 1
+        ("What should be your sharding strategy?", "0\r"),  # FULL_SHARD
+        ("Do you want to offload parameters and gradients to CPU?", "no\n"),
+        ("What should be your auto wrap policy?", "2\r"),  # NO_WRAP
+        ("What should be your FSDP's backward prefetch policy?", "0\r"),  # BACKWARD_PRE
+        ("What should be your FSDP's state dict type?", "2\r"),  # SHARDED_STATE_DICT
+        ("Do you want to enable FSDP's forward prefetch policy?", "no\n"),
+        ("Do you want to enable FSDP's `use_orig_params` feature?", "yes\n"),
+        ("Do you want to enable CPU RAM efficient model loading?", "no\n"),
+        ("Do you want each individually wrapped FSDP unit to broadcast module parameters", "yes\n"),
+        ("Do you want to enable FSDP activation checkpointing?", "no\n"),
+        ("How many GPU(s) should be used for distributed training?", "2\n"),
+        ("Do you wish to use mixed precision?", "2\r"),  # bf16
+    ],
+    "fsdp2.yaml": [
+        *_FSDP_START,
+        ("What should be your FSDP version?", "1\r"),  # 2
+        ("Do you want to enable resharding after forward?", "yes\n"),
+        ("Do you want to offload parameters and gradients to CPU?", "no\n"),
+        ("What should be your auto wrap policy?", "2\r"),  # NO_WRAP
+        ("What should be your FSDP's state dict type?", "0\r"),  # SHARDED_STATE_DICT
+        ("Do you want to enable CPU RAM efficient model loading?", "no\n"),
+        ("Do you want to enable FSDP activation checkpointing?", "no\n"),
+        ("Do you want to use the parallelism config?", "no\n"),
+        ("How many GPU(s) should be used for distributed training?", "2\n"),
+        ("Do you wish to use mixed precision?", "2\r"),  # bf16
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FSDP_WIZARD))
+def test_fsdp_yaml_is_what_the_wizard_writes(name, tmp_path):
+    pytest.importorskip("pexpect")
+    from test_wizard import run_wizard
+
+    written = tmp_path / name
+    run_wizard(FSDP_WIZARD[name], written)
+    assert yaml.safe_load(written.read_text()) == yaml.safe_load((CONFIG_DIR / name).read_text())

@@ -25,7 +25,7 @@ from conftest import CONFIGS, MNIST_DIR, REPO
 # steps do not line up, so the per-rank loss sums since the last eval must come back too.
 RUN_ARGS = ["--model", "mlp", "--max-steps", "240", "--eval-every", "30", "--checkpoint-every", "40",
             "--keep-checkpoints", "2", "--no-download", "--quiet", "--no-export"]  # fmt: skip
-TIMING_KEYS = {"samples_per_second", "train_seconds"}
+TIMING_KEYS = {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"}
 
 
 def metrics_rows(out: Path) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Two CPU processes: DDP and DeepSpeed ZeRO-1/2/3 through `accelerate launch`, and their parity.
+"""Two CPU processes: DDP and DeepSpeed ZeRO-1/2/3 through `accelerate launch`, and their parity
+(FSDP 1 and 2 against DDP and ZeRO-3 on GPUs, at the end).
 
 With the same seed and data order, fp32, the strategies differ only in how they reduce and
 shard, so after the same steps they must agree on loss and accuracy to float rounding.
@@ -76,7 +77,46 @@ def test_device_path_matches_the_torch_dataloader_on_two_processes(runs):
     # The device path shards exactly as Accelerate shards a DataLoader (even_batches, wrap-around).
     (device, device_rows), (torch_, torch_rows) = runs["ddp"], runs["ddp_torch_loader"]
     assert (device["data_loader"], torch_["data_loader"]) == ("device", "torch")
-    drop = {"samples_per_second", "train_seconds"}
+    drop = {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"}
     assert [{k: v for k, v in r.items() if k not in drop} for r in device_rows] == [
         {k: v for k, v in r.items() if k not in drop} for r in torch_rows
     ]
+
+
+# FSDP runs only on GPUs (accelerate 1.15 never sets it up on a CPU; see tests/test_fsdp.py), so
+# its parity is checked there: the same arguments, fp32, against DDP and ZeRO-3 on the same GPUs.
+GPU_STRATEGIES = {
+    "ddp": ["--config_file", str(CONFIGS / "multi_gpu.yaml")],
+    "zero3": ["--config_file", str(CONFIGS / "zero3.yaml")],
+    "fsdp1": ["--config_file", str(CONFIGS / "fsdp.yaml")],
+    "fsdp1_flat_params": ["--config_file", str(CONFIGS / "fsdp.yaml"), "--fsdp_use_orig_params", "false"],
+    "fsdp2": ["--config_file", str(CONFIGS / "fsdp2.yaml")],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("processes", [1, 2])
+def test_fsdp_matches_ddp_and_zero3_on_gpus(processes, tmp_path):
+    import torch
+    from accelerate.utils import is_cuda_available
+
+    if not is_cuda_available() or torch.cuda.device_count() < processes:
+        pytest.skip(f"needs {processes} CUDA GPU(s)")
+    if not (CONFIGS.parent.parent / "shared" / "data" / "mnist").is_dir():
+        pytest.skip("real MNIST files not found at ../shared/data/mnist")
+    rows = {}
+    for name, launch_args in GPU_STRATEGIES.items():
+        launch = [*launch_args, "--num_processes", str(processes), "--mixed_precision", "no"]
+        launch += ["--main_process_port", "0"]
+        proc, results = accelerate_launch(launch, [*TRAIN_ARGS, "--data-loader", "device"], tmp_path / name)
+        assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-4000:]}"
+        assert results["num_processes"] == processes and results["steps"] == 30
+        assert results["distributed_type"] == {"ddp": "MULTI_GPU", "zero3": "DEEPSPEED"}.get(name, "FSDP")
+        rows[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    for name in ("zero3", "fsdp1", "fsdp1_flat_params", "fsdp2"):
+        for ddp_row, row in zip(rows["ddp"], rows[name], strict=True):
+            assert row["step"] == ddp_row["step"]
+            assert row["lr"] == pytest.approx(ddp_row["lr"], rel=1e-6)
+            for key in ("train_loss", "test_loss"):
+                assert row[key] == pytest.approx(ddp_row[key], rel=2e-4), (name, key)
+            assert row["test_accuracy"] == pytest.approx(ddp_row["test_accuracy"], abs=1e-3), name

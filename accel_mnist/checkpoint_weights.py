@@ -1,0 +1,184 @@
+"""The model weights inside a checkpoint folder that `accelerator.save_state` wrote, under any strategy.
+
+Plain runs: `model.safetensors`. DeepSpeed: the engine's shards under `pytorch_model/`. FSDP:
+`pytorch_model_fsdp.bin` (FULL_STATE_DICT, a torch.save file) or `pytorch_model_fsdp_0/`
+(SHARDED_STATE_DICT, a torch.distributed.checkpoint folder). Every pickle among them is read
+with an allow-list: torch's restricted unpickler for torch.save files, and one of our own for
+the DCP metadata, which torch reads with plain `pickle.load`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import UsageError, one_line
+from .safe_load import allowed_globals, refusal, weights_only_loads
+
+# What accelerate 1.15's save_state writes for the first prepared model: SAFE_WEIGHTS_NAME
+# (pytorch_model.bin only with safe_serialization=False, which this project never asks for);
+# under DeepSpeed the engine's own checkpoint under the tag MODEL_NAME, "pytorch_model"; under
+# FSDP f"{FSDP_MODEL_NAME}.bin" (full) or f"{FSDP_MODEL_NAME}_0/" (sharded).
+ACCELERATE_WEIGHTS = "model.safetensors"
+DEEPSPEED_TAG = "pytorch_model"
+FSDP_FULL = "pytorch_model_fsdp.bin"
+FSDP_SHARDED = "pytorch_model_fsdp_0"
+# A DCP .metadata lists every tensor's chunks: kilobytes for these models. The cap keeps a
+# hostile file from exhausting memory before it is even checked.
+MAX_METADATA_BYTES = 64 << 20
+
+
+def checkpoint_weights(ckpt: Path, trust: bool = False) -> dict[str, Any]:
+    """The model's state dict stored in checkpoint folder `ckpt` (tensors on the CPU)."""
+    if (ckpt / DEEPSPEED_TAG).is_dir():
+        return _deepspeed_weights(ckpt, trust)
+    if (ckpt / FSDP_SHARDED).is_dir():
+        return _fsdp_sharded_weights(ckpt / FSDP_SHARDED)
+    if (ckpt / FSDP_FULL).is_file():
+        return _torch_save_weights(ckpt / FSDP_FULL)
+    if (ckpt / ACCELERATE_WEIGHTS).is_file():
+        return read_safetensors(ckpt / ACCELERATE_WEIGHTS)
+    raise UsageError(
+        f"{ckpt}: incomplete checkpoint: no {ACCELERATE_WEIGHTS} (accelerator.save_state), "
+        f"no {DEEPSPEED_TAG}/ (DeepSpeed) and no {FSDP_SHARDED}/ or {FSDP_FULL} (FSDP)"
+    )
+
+
+def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    # load_file parses a JSON header and copies raw bytes: nothing in the file is executed.
+    try:
+        return load_file(file, device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UsageError(f"{file}: not a valid safetensors file ({one_line(e)})") from None
+
+
+def _torch_save_weights(file: Path) -> dict[str, Any]:
+    # FSDP's full state dict, written by torch.save on rank 0: tensors in a dict, nothing else.
+    try:
+        with weights_only_loads([]):
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise UsageError(f"{file}: holds objects other than tensors ({_global_named(e)}); not loaded") from None
+    except (OSError, RuntimeError, ValueError, EOFError) as e:
+        raise UsageError(f"{file}: unreadable FSDP checkpoint: {one_line(e)}") from None
+    if not isinstance(state, dict):
+        raise UsageError(f"{file}: expected a state dict, got {type(state).__name__}")
+    return state
+
+
+def _fsdp_sharded_weights(shard_dir: Path) -> dict[str, Any]:
+    """Merge an FSDP sharded (DCP) model folder with Accelerate's merge_fsdp_weights."""
+    from accelerate.utils import merge_fsdp_weights
+
+    metadata = shard_dir / ".metadata"
+    if not metadata.is_file() or not any(shard_dir.glob("*.distcp")):
+        raise UsageError(f"{shard_dir}: incomplete FSDP checkpoint: needs .metadata and *.distcp files")
+    if metadata.stat().st_size > MAX_METADATA_BYTES:
+        raise UsageError(f"{metadata}: {metadata.stat().st_size} bytes, more than a checkpoint's metadata can need")
+    raw = metadata.read_bytes()
+    _check_dcp_metadata(raw, metadata)
+    with tempfile.TemporaryDirectory(prefix="accel_mnist_fsdp_") as tmp:
+        # torch.distributed.checkpoint unpickles .metadata with plain pickle.load: merge from a
+        # folder whose .metadata is the copy checked above (so the file cannot change between
+        # the check and the load), with the data files linked, not copied.
+        staged, merged = Path(tmp) / "model", Path(tmp) / "merged"
+        staged.mkdir()
+        (staged / ".metadata").write_bytes(raw)
+        for data in shard_dir.glob("*.distcp"):
+            os.symlink(data.resolve(), staged / data.name)
+        try:
+            # Every entry of the .distcp files goes through torch.load, the non-tensor ones with
+            # weights_only=False, which the context overrides.
+            with _quiet(), weights_only_loads([]):
+                merge_fsdp_weights(str(staged), str(merged), safe_serialization=True)
+        except pickle.UnpicklingError as e:
+            what = _global_named(e)
+            raise UsageError(f"{shard_dir}: holds objects other than tensors ({what}); not loaded") from None
+        except (OSError, RuntimeError, ValueError, KeyError) as e:
+            raise UsageError(f"{shard_dir}: incomplete or unreadable FSDP checkpoint: {one_line(e)}") from None
+        return read_safetensors(merged / ACCELERATE_WEIGHTS)
+
+
+# What torch 2.13-2.14 pickles into a DCP .metadata (seen for FSDP2 sharded model states).
+_DCP_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_DCP_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (module, name) in _DCP_ALLOWED or module == _DCP_METADATA_MODULE
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            allowed = True  # dtypes pickle as torch.float32 and the like
+        if not allowed:
+            raise pickle.UnpicklingError(f"GLOBAL {module}.{name} was not an allowed global")
+        return super().find_class(module, name)
+
+
+def _check_dcp_metadata(raw: bytes, where: Path) -> None:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as e:
+        raise UsageError(f"{where}: holds a pickled {_global_named(e)}, which is not unpickled") from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+        raise UsageError(f"{where}: unreadable checkpoint metadata: {one_line(e)}") from None
+    if not isinstance(metadata, Metadata):
+        raise UsageError(f"{where}: not torch.distributed.checkpoint metadata ({type(metadata).__name__})")
+
+
+def _deepspeed_weights(ckpt: Path, trust: bool) -> dict[str, Any]:
+    """Consolidate the fp32 master weights from the ZeRO shards under `ckpt/pytorch_model/`."""
+    shard_dir = ckpt / DEEPSPEED_TAG
+    for pattern in ("*_model_states.pt", "*_optim_states.pt"):
+        if not any(shard_dir.glob(pattern)):
+            raise UsageError(f"{shard_dir}: incomplete DeepSpeed checkpoint: no {pattern} files")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # DeepSpeed's loader unpickles every *_model_states.pt and *_optim_states.pt there with
+    # torch.load(weights_only=False), and unpickling may run any code a file names. Besides
+    # tensors and plain containers they hold four DeepSpeed types (seen with 0.19.8, fp32 and
+    # bf16, stages 1-3; DynamicLossScaler under fp16): so unless told to trust the checkpoint,
+    # force torch's restricted unpickler on those loads and allow those types alone.
+    allowed = allowed_globals(deepspeed=True)
+    try:
+        with _quiet(), contextlib.nullcontext() if trust else weights_only_loads(allowed):
+            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DEEPSPEED_TAG)
+    except pickle.UnpicklingError as e:
+        raise UsageError(
+            f"{shard_dir}: holds a pickled {_global_named(e)}, which is not unpickled unless you trust the "
+            "checkpoint (--trust-checkpoint)"
+        ) from None
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise UsageError(f"{shard_dir}: incomplete or unreadable DeepSpeed checkpoint: {one_line(e)}") from None
+
+
+def _global_named(e: Exception) -> str:
+    return refusal(e) or one_line(e)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # DeepSpeed and Accelerate print progress (stdout) and bars (stderr); the CLI's output is ours.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield

@@ -1,0 +1,109 @@
+"""What a launch asked for against what Accelerate set up, checked before any work.
+
+Accelerate drops a strategy it cannot honour without a word (FSDP without an accelerator
+becomes DDP or a world of one); these checks turn each such case into one UsageError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+
+from .errors import UsageError
+
+FSDP_NEEDS_A_DEVICE = (
+    "FSDP needs a GPU (or another accelerator Accelerate supports): without one, Accelerate 1.15 sets up "
+    "DDP or single processes instead and FSDP1 refuses CPU tensors; on this machine use "
+    "accelerate_configs/multi_cpu.yaml (DDP) or a zero*.yaml with --mixed_precision no (sharded, DeepSpeed)"
+)
+
+
+def multi_process_device_available() -> bool:
+    """Whether Accelerate will find a device with a collective backend of its own for a torchrun launch.
+
+    Asked through Accelerate's own device checks, in the order PartialState picks a backend
+    (MPS has none, so several processes on a Mac run on the CPU over gloo).
+    """
+    from accelerate.utils import (
+        is_cuda_available,
+        is_hpu_available,
+        is_mlu_available,
+        is_musa_available,
+        is_neuron_available,
+        is_npu_available,
+        is_sdaa_available,
+        is_torch_xla_available,
+        is_xccl_available,
+        is_xpu_available,
+    )
+
+    return any(
+        (
+            is_torch_xla_available(),
+            is_mlu_available(),
+            is_sdaa_available(),
+            is_musa_available(),
+            is_npu_available(),
+            is_hpu_available(),
+            is_cuda_available(),
+            is_xpu_available() and is_xccl_available(),
+            is_neuron_available(),
+        )
+    )
+
+
+def check_strategy(accelerator: Accelerator, *, use_fsdp: bool, world_size: int) -> None:
+    """UsageError where Accelerate set up something else than the launch asked for."""
+    if use_fsdp and accelerator.distributed_type != DistributedType.FSDP:
+        raise UsageError(
+            f"FSDP was requested (ACCELERATE_USE_FSDP) but Accelerate set up {accelerator.distributed_type.value}: "
+            "start the run with `accelerate launch` (FSDP needs its launcher and a GPU)"
+        )
+    if accelerator.num_processes != world_size:
+        raise UsageError(
+            f"the launch started {world_size} processes but Accelerate joined {accelerator.num_processes} of "
+            f"them ({accelerator.distributed_type.value} on {accelerator.device.type}); each would train alone"
+        )
+    _check_dynamo(accelerator)
+
+
+def _check_dynamo(accelerator: Accelerator) -> None:
+    if _dynamo_backend(accelerator) == "no":
+        return
+    fsdp = accelerator.state.fsdp_plugin if accelerator.distributed_type == DistributedType.FSDP else None
+    if fsdp is not None and fsdp.fsdp_version == 1 and not fsdp.use_orig_params:
+        # torch 2.14 dynamo (variables/builder.py): "Dynamo only supports FSDP with use_orig_params=True".
+        raise UsageError(
+            "torch dynamo with FSDP1 needs fsdp_use_orig_params: true (or use fsdp_version: 2); "
+            "this config has use_orig_params false"
+        )
+
+
+def _dynamo_backend(accelerator: Accelerator) -> str:
+    return str(accelerator.state.dynamo_plugin.backend.value).lower()
+
+
+def describe_extra(accelerator: Accelerator) -> dict[str, Any]:
+    """FSDP and dynamo settings for results.json and for checking a resume (FSDP keys only under FSDP)."""
+    extra: dict[str, Any] = {"dynamo_backend": _dynamo_backend(accelerator)}
+    if accelerator.distributed_type == DistributedType.FSDP:
+        fsdp = accelerator.state.fsdp_plugin
+        extra.update(
+            fsdp_version=int(fsdp.fsdp_version),
+            fsdp_state_dict_type=str(getattr(fsdp.state_dict_type, "name", fsdp.state_dict_type)),
+            fsdp_offload_params=_offloads(fsdp.cpu_offload),
+        )
+        if fsdp.fsdp_version == 1:
+            extra["fsdp_use_orig_params"] = bool(fsdp.use_orig_params)
+    return extra
+
+
+def _offloads(policy: Any) -> bool:
+    # FSDP1 keeps a CPUOffload(offload_params=...), FSDP2 a CPUOffloadPolicy or a plain OffloadPolicy.
+    if hasattr(policy, "offload_params"):
+        return bool(policy.offload_params)
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return isinstance(policy, CPUOffloadPolicy)
