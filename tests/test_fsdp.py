@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -118,6 +119,7 @@ class _Wrapped(torch.nn.Module):
 class _RecordingAccelerator:
     def __init__(self, is_fsdp2: bool):
         self.distributed_type, self.is_fsdp2, self.calls = DistributedType.FSDP, is_fsdp2, []
+        self.state, self.mixed_precision = types.SimpleNamespace(deepspeed_plugin=None), "no"
 
     def prepare(self, *objs):
         self.calls.append([type(o).__name__ for o in objs])
