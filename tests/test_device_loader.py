@@ -249,7 +249,6 @@ def test_eval_counts_every_test_sample_exactly_once(n, batch_size, world):
 
 def test_registers_with_accelerate_gradient_state():
     """Iterating registers the loader as Accelerate's active dataloader, like DataLoaderShard."""
-    GradientState._reset_state()
     state = GradientState()
     images, labels = synthetic(25)
     dl = DeviceLoader(images, labels, MEAN, STD, 10, shuffle=False, num_processes=1, process_index=0)
@@ -270,13 +269,11 @@ def test_registers_with_accelerate_gradient_state():
     for _ in dl:
         break
     assert not state.in_dataloader
-    GradientState._reset_state()
 
 
 def test_gather_for_metrics_single_process_with_real_accelerator(mnist_dir):
     from accelerate import Accelerator
 
-    GradientState._reset_state()
     accelerator = Accelerator(cpu=True)
     images, labels = load_split("mnist", mnist_dir, train=False, download=False)
     dl = DeviceLoader(images, labels, MEAN, STD, 333, shuffle=False, device=accelerator.device,
@@ -285,7 +282,22 @@ def test_gather_for_metrics_single_process_with_real_accelerator(mnist_dir):
     for _, y in dl:
         count += len(accelerator.gather_for_metrics(y))
     assert count == 10000
-    GradientState._reset_state()
+
+
+def test_joins_gradient_state_only_through_accelerates_public_loader_base():
+    """No private GradientState calls in the package: the loader registers through the public
+    begin()/end() of accelerate's DataLoaderStateMixin, which its own DataLoaderShard uses."""
+    from pathlib import Path
+
+    from accelerate.data_loader import DataLoaderStateMixin
+
+    import accel_mnist
+
+    assert issubclass(DeviceLoader, DataLoaderStateMixin)
+    private = ("_add_dataloader", "_remove_dataloader", "_set_sync_gradients", "_reset_state")
+    for source in Path(accel_mnist.__file__).parent.glob("*.py"):
+        text = source.read_text()
+        assert not [name for name in private if name in text], source.name
 
 
 def test_batch_size_attribute_and_len():
