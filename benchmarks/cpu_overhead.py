@@ -1,6 +1,6 @@
 """CPU step time: accel_mnist's train() against a plain PyTorch loop, per data path.
 
-    python benchmarks/cpu_overhead.py [--models linear,cnn] [--batch-size 64] [--threads 2]
+    python -m benchmarks.cpu_overhead [--models linear,cnn] [--batch-size 64] [--threads 2]
         [--steps linear=400,cnn=60] [--repeats 3]
 
 The issue's CPU target: accel_mnist single-process step time <= 1.10x a plain PyTorch loop
@@ -29,15 +29,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "baselines"))
+import torch
 
-import torch  # noqa: E402
-
-import benchlib  # noqa: E402
-import plain_pytorch  # noqa: E402
+from benchmarks import benchlib
+from benchmarks.baselines import plain_pytorch
 
 COLUMNS = ["config.model", "config.batch_size", "config.threads", "config.plain_gather", "ms_per_step_basis",
            "ms_per_step.plain/dataloader",

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import memory, session_summary
 
-import memory  # noqa: E402
-import session_summary  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _run_folder(root: Path, name: str, results: dict, rows: list[dict], wall: float) -> None:
@@ -75,8 +73,8 @@ def test_memory_paper_formulas():
 
 
 def test_zero_step_overhead_rejects_an_unknown_variant():
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "zero_step_overhead.py"), "--variants", "zero9"],
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.zero_step_overhead", "--variants", "zero9"],
+                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert proc.returncode != 0 and "error: unknown variant(s) zero9" in proc.stderr
 
 
@@ -84,9 +82,9 @@ def test_zero_step_overhead_rejects_an_unknown_variant():
 def test_zero_step_overhead_records_each_variant_on_cpu(tmp_path, mnist_dir, monkeypatch):
     monkeypatch.setenv("ACCEL_MNIST_DATA_DIR", str(mnist_dir))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    cmd = [sys.executable, str(REPO / "benchmarks" / "zero_step_overhead.py"), "--steps", "5", "--repeats", "1",
+    cmd = [sys.executable, "-m", "benchmarks.zero_step_overhead", "--steps", "5", "--repeats", "1",
            "--variants", "plain_amp,zero2", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = {json.loads(p.read_text())["variant"]: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert set(records) == {"plain_amp", "zero2"}

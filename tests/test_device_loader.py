@@ -350,7 +350,7 @@ def test_outside_prepare_under_two_process_deepspeed_zero2(mnist_dir):
     repo = Path(__file__).resolve().parents[1]
     accelerate = Path(sys.executable).with_name("accelerate")
     cmd = [str(accelerate), "launch", "--config_file", str(repo / "accelerate_configs" / "zero2.yaml"),
-           "--num_processes", "2", "--mixed_precision", "no", str(repo / "benchmarks" / "device_loader_check.py"),
+           "--num_processes", "2", "--mixed_precision", "no", "-m", "benchmarks.device_loader_check",
            "--steps", "4", "--grad-accum", "2", "--eval-batch-size", "333", "--data-dir", str(mnist_dir)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=repo)

@@ -1,7 +1,7 @@
 r"""Plain PyTorch MNIST training (no Accelerate, no DeepSpeed): the reference for overhead.
 
-    python benchmarks/baselines/plain_pytorch.py --model cnn --batch-size 512 --epochs 1 --data device
-    python benchmarks/baselines/plain_pytorch.py --model linear --batch-size 64 --data dataloader \
+    python -m benchmarks.baselines.plain_pytorch --model cnn --batch-size 512 --epochs 1 --data device
+    python -m benchmarks.baselines.plain_pytorch --model linear --batch-size 64 --data dataloader \
         --cpu --threads 2 --max-steps 200
 
 Two data paths:
@@ -22,16 +22,13 @@ import argparse
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ for benchlib
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import benchlib  # noqa: E402
-from accel_mnist.data import DATASETS, ImageTensorDataset, load_split  # noqa: E402
-from accel_mnist.models import build_model, num_parameters  # noqa: E402
+from accel_mnist.data import DATASETS, ImageTensorDataset, load_split
+from accel_mnist.models import build_model, num_parameters
+from benchmarks import benchlib
 
 COLUMNS = ["config.model", "config.data", "config.batch_size", "config.precision", "steps",
            "samples_per_second", "ms_per_step", "train_seconds", "test_accuracy"]  # fmt: skip

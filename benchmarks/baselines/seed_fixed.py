@@ -27,8 +27,8 @@ with N processes every rank trains on all 60000 images each epoch, and the confi
 train_batch_size 64 is the GLOBAL batch (DeepSpeed derives a micro batch of 64/N that the
 DataLoader, at 64, does not follow). `--distributed-sampler` adds the sampler, for comparison.
 
-Launch:  deepspeed --num_gpus 2 benchmarks/baselines/seed_fixed.py
-         python benchmarks/baselines/seed_fixed.py --max-steps 20     (CPU smoke test)
+Launch:  deepspeed --num_gpus 2 --module benchmarks.baselines.seed_fixed
+         python -m benchmarks.baselines.seed_fixed --max-steps 20     (CPU smoke test)
 """
 
 from __future__ import annotations
@@ -37,21 +37,18 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ for benchlib
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import torchvision.datasets as datasets
+import torchvision.transforms as transforms
+from torchvision.datasets.vision import VisionDataset
 
-import deepspeed  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.optim as optim  # noqa: E402
-import torchvision.datasets as datasets  # noqa: E402
-import torchvision.transforms as transforms  # noqa: E402
-from torchvision.datasets.vision import VisionDataset  # noqa: E402
-
-import benchlib  # noqa: E402
-from accel_mnist.data import load_split  # noqa: E402
+from accel_mnist.data import load_split
+from benchmarks import benchlib
 
 COLUMNS = ["world_size", "fp16", "epochs_run", "steps", "samples_per_second", "ms_per_step",
            "train_seconds", "epoch_seconds", "test_accuracy"]  # fmt: skip
