@@ -26,6 +26,7 @@ accelerate's per-step `is_lomo_available()`; accel_mnist now always does.)
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -130,6 +131,7 @@ def main(argv=None) -> int:
     steps_for = dict(item.split("=") for item in args.steps.split(","))
     data_dir = benchlib.data_dir()
     variants = ["plain/dataloader", "plain/device", "accel/torch", "accel/device"]
+    summary: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             steps = int(steps_for.get(model, 100))
@@ -178,11 +180,20 @@ def main(argv=None) -> int:
             }  # fmt: skip
             benchlib.record_result(bench, f"{model}-b{args.batch_size}-t{args.threads}", record,
                                    COLUMNS, args.out)  # fmt: skip
+            summary[model] = {"ms_per_step": ms, "ratio_accel_device_to_plain_device":
+                              record["ratio_accel_device_to_plain_device"]}  # fmt: skip
             print(
                 f"{model}: "
                 + ", ".join(f"{v} {ms[v]:.3f} ms" for v in variants)
                 + f"; accel/device : plain/device = {record['ratio_accel_device_to_plain_device']:.3f}"
             )
+    # The last line for `python -m benchmarks`: the ratio per model.
+    print(
+        json.dumps(
+            {f"{m}_{k}": v for m, d in summary.items() for k, v in d.items() if k.startswith("ratio")}
+            | {f"{m}_ms_{v}": x for m, d in summary.items() for v, x in d["ms_per_step"].items()}
+        )
+    )
     return 0
 
 
