@@ -4,9 +4,10 @@
     python -m benchmarks h200 --recipe recipes/fast99.yaml --out DIR
 
 Every run is a fresh process. DIR (default benchmarks/results/<hardware>-<UTC date>) gets
-`suite.json` (every run: command, environment, return code, wall seconds, what was parsed;
-hardware, versions, load average), `README.md` (one table per group, with each row's
-command) and, for suites with curves, `time_to_accuracy.png` plus each run's folder.
+`suite.json` (every run: command, environment, return code, wall seconds, what was parsed,
+curves included; hardware, versions, load average), `README.md` (one table per group, with
+each row's command) and, for suites with curves, `time_to_accuracy.png`. Each run's own
+folder (DIR/runs/ROW-N) is removed after parsing unless --keep-runs.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def parse_curve(stdout: str, run_dir: Path, row: Row) -> dict[str, Any]:
 PARSERS = {"wall": lambda *_: {}, "json_line": parse_json_line, "results": parse_results, "curve": parse_curve}
 
 
-def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, timeout: float) -> dict[str, Any]:
+def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, timeout: float,
+             keep: bool = False) -> dict[str, Any]:  # fmt: skip
     """Start the row's command once in a fresh process and read what its `parse` names."""
     run_dir = out / "runs" / f"{row['name']}-{run['index']}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -100,7 +102,8 @@ def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, time
                               "loadavg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
     tick = time.perf_counter()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=max(timeout, 1), cwd=benchlib.REPO)
+        limit = None if timeout == float("inf") else max(timeout, 1)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=limit, cwd=benchlib.REPO)
         record.update(rc=proc.returncode, stdout_tail=proc.stdout[-TAIL:], stderr_tail=proc.stderr[-TAIL:])
         stdout = proc.stdout
     except subprocess.TimeoutExpired as e:
@@ -112,6 +115,8 @@ def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, time
             record["parsed"] = PARSERS[row["parse"]](stdout, run_dir, row)
         except (OSError, ValueError, KeyError) as e:
             record["parse_error"] = f"{type(e).__name__}: {e}"
+    if not keep:  # what was parsed is in the record; the run's own files (PNGs, checkpoints) go
+        shutil.rmtree(run_dir, ignore_errors=True)
     return record
 
 
@@ -132,7 +137,7 @@ def skip_reason(row: Row, suite: dict[str, Any], recipe: str | None) -> str | No
 
 
 def run_suite(name: str, out: Path, recipe: str | None = None, budget: float = float("inf"),
-              dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
+              dry_run: bool = False, keep_runs: bool = False) -> dict[str, Any]:  # fmt: skip
     """Run every row of suite `name` (interleaved within groups) and return the whole record."""
     suite = SUITES[name]
     ctx = context(out, recipe)
@@ -162,7 +167,7 @@ def run_suite(name: str, out: Path, recipe: str | None = None, budget: float = f
             if min(left, row_left) < 1:
                 skipped[row["name"]] = "time budget spent"
                 continue
-            record = run_once(row, run, ctx, out, min(left, row_left))
+            record = run_once(row, run, ctx, out, min(left, row_left), keep_runs)
             row_spent[row["name"]] = row_spent.get(row["name"], 0.0) + record["wall_seconds"]
             records.append(record)
             print(f"[{name}] {row['name']} #{run['index']}: rc {record['rc']}, {record['wall_seconds']:.2f} s",
@@ -182,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", default=None, help="a training-config file for the time-to-99%% rows")
     p.add_argument("--budget", type=float, default=float("inf"), help="stop starting runs after this many seconds")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
+    p.add_argument("--keep-runs", action="store_true", help="keep each run's folder under DIR/runs/")
     args = p.parse_args(argv)
     if args.recipe and not Path(args.recipe).is_file():
         print(f"error: --recipe {args.recipe}: no such file", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else benchlib.default_out_dir(benchlib.hardware())
-    record = run_suite(args.suite, out, args.recipe, args.budget, args.dry_run)
+    record = run_suite(args.suite, out, args.recipe, args.budget, args.dry_run, args.keep_runs)
     if args.dry_run:
         return 0
     from benchmarks import report

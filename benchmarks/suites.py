@@ -42,7 +42,12 @@ CPU: list[Row] = [
      "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "parse": "json_line", "repeat": 3},
     {"name": "step_overhead", "group": "step", "what": "linear b64, 2 threads: accel_mnist step vs the plain loop",
      "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "2", "--repeats", "3",
-             "--out", "{run}"],
+             "--steps", "linear=300", "--out", "{run}"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+    {"name": "step_overhead_1thread", "group": "step", "what": "the same with 1 thread (less exposed to other load "
+     "on a shared machine)",
+     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "1", "--repeats", "3",
+             "--steps", "linear=300", "--out", "{run}"],
      "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
     {"name": "loader_overhead", "group": "step", "what": "per-batch cost: DeviceLoader vs an on-device dataset with "
      "__getitems__ in an Accelerate-prepared DataLoader (batch 64)",
