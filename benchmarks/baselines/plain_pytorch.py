@@ -65,11 +65,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="JSON lines of step, train_seconds, test_accuracy per evaluation (accel_mnist's metrics.jsonl keys)",
     )
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=False,
+                   help="one untimed forward/backward on a copy of the model before the clock starts")  # fmt: skip
     p.add_argument(
         "--config",
         default=None,
         help="an accel_mnist recipe (YAML): its model, batch_size, lr, epochs, max_steps, scheduler, "
-        "eval_every, stop_at_accuracy and seed become the defaults; other keys are listed as ignored",
+        "eval_every, stop_at_accuracy, seed and warmup become the defaults; other keys are listed as ignored",
     )
     args = p.parse_args(argv)
     args.recipe_ignored = []
@@ -82,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 RECIPE_KEYS = ("model", "batch_size", "lr", "epochs", "max_steps", "scheduler", "eval_every", "stop_at_accuracy",
-               "seed")  # fmt: skip
+               "seed", "warmup")  # fmt: skip
 
 
 def recipe_defaults(path: str) -> tuple[dict, list[str]]:
@@ -198,6 +200,17 @@ def run(args) -> dict:
         return args.stop_at_accuracy is not None and accuracy >= args.stop_at_accuracy
 
     model.train()
+    if args.warmup:
+        # As accel_mnist's `warmup: true`: one untimed step on a copy (kernel loading and cuDNN's
+        # choices leave the clock; the trained weights are untouched).
+        import copy
+
+        spare = copy.deepcopy(model)
+        x, y = next(iter(train_loader))
+        with autocast():
+            loss = F.cross_entropy(spare(x.to(device)).float(), y.to(device))
+        loss.backward()
+        del spare
     step = 0
     samples_timed = 0
     sync(device)
