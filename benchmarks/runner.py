@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -41,8 +42,9 @@ def context(out: Path, recipe: str | None) -> dict[str, str]:
 
 
 def fill(cmd: list[str], values: dict[str, Any]) -> list[str]:
-    """The argv of `cmd` with every {placeholder} replaced."""
-    return [part.format(**values) for part in cmd]
+    """The argv of `cmd` with every {placeholder} of `values` replaced (other braces stay)."""
+    pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")\}")
+    return [pattern.sub(lambda m: str(values[m.group(1)]), part) for part in cmd]
 
 
 def runs_of(row: Row) -> list[dict[str, Any]]:
