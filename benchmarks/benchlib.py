@@ -78,7 +78,7 @@ def default_out_dir(hw: dict[str, Any]) -> Path:
     if hw.get("gpu_count"):
         name = f"{str(hw['gpu']).split()[-1].lower()}x{hw['gpu_count']}"
     else:
-        name = "cpu-" + _slug(str(hw.get("cpu", "cpu")).split()[0].lower())
+        name = f"cpu{hw.get('cpu_cores') or ''}"
     return RESULTS / f"{name}-{utc_now()[:10]}"
 
 
