@@ -17,8 +17,9 @@ on the accelerator and a batch becomes one gather plus three elementwise ops.
 * with `drop_last=True` only the first `(N // B) // P * P` full batches are used.
 
 It also takes part in Accelerate's `GradientState` the way a prepared `DataLoaderShard`
-does (registered while it is iterated, `end_of_dataloader` set before the last batch,
-`remainder = N % (B * P)`), so that, without going through `accelerator.prepare`:
+does, through the public `begin()`/`end()` of Accelerate's `DataLoaderStateMixin` (the base
+Accelerate gives its own loaders: registered while it is iterated, `end_of_dataloader` set
+before the last batch, `remainder = N % (B * P)`), so that, without `accelerator.prepare`:
 
 * `accelerator.gather_for_metrics` drops the wrapped-around duplicates of the last batch
   (without this it would count them: for a loader it did not prepare, Accelerate's
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 
 from .config import DATA_LOADERS
@@ -41,7 +43,7 @@ from .config import DATA_LOADERS
 __all__ = ["DeviceLoader", "choose_data_loader", "device_loader_fits"]
 
 
-class DeviceLoader:
+class DeviceLoader(DataLoaderStateMixin):
     """The whole split on `device` as uint8; yields `(x, y)`: x float32 (B, 1, 28, 28), y int64 (B,).
 
     Args:
@@ -111,9 +113,12 @@ class DeviceLoader:
         self.epoch = 0
         self.position = 0  # batches of the current epoch already yielded
         self._skip = 0  # one-shot: batches to skip at the start of the next iteration
-        # The GradientState protocol of accelerate's DataLoaderStateMixin.
-        self.end_of_dataloader = False
-        self.remainder = -1
+        # What DataLoaderStateMixin.begin() reads: the remainder is len(dataset) % total_batch_size
+        # unless _drop_last; its tip asks for the GradientState singleton as self.gradient_state.
+        self.dataset = self.labels
+        self._drop_last = drop_last
+        self.gradient_state = GradientState()
+        self.reset()
 
     @classmethod
     def from_dataset(cls, dataset: Any, **kwargs: Any) -> DeviceLoader:
@@ -213,14 +218,15 @@ class DeviceLoader:
         return flat.to(self.device, non_blocking=True), sizes
 
     def _begin(self) -> None:
-        self.end_of_dataloader = False
-        self.remainder = -1 if self.drop_last else self.num_samples % self.total_batch_size
         if self.register_with_accelerate:
-            GradientState()._add_dataloader(self)
+            self.begin()
+        else:  # the same remainder, without telling Accelerate
+            self.reset()
+            self.remainder = -1 if self.drop_last else self.num_samples % self.total_batch_size
 
     def _end(self) -> None:
         if self.register_with_accelerate:
-            GradientState()._remove_dataloader(self)
+            self.end()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self._skip = self._skip, 0

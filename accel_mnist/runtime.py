@@ -8,8 +8,6 @@ strategy runs. What Accelerate set up is checked against the launch in launch_ch
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import warnings
 from datetime import timedelta
@@ -29,57 +27,6 @@ from .optim import build_optimizer, build_scheduler, check_deepspeed_optim
 logger = get_logger(__name__)
 
 
-def _cache_lomo_check() -> None:
-    """accelerate 1.15's optimizer step asks `is_lomo_available()` twice per step, and each ask
-    searches sys.path: the largest per-step cost for small models (linear, batch 64, 2 CPU
-    threads: 0.46-0.60 ms/step before, 0.34 ms after). The answer cannot change in a run."""
-    import accelerate.accelerator
-    import accelerate.optimizer
-
-    check = getattr(accelerate.optimizer, "is_lomo_available", None)
-    if check is not None and not hasattr(check, "cache_info"):
-        cached = functools.cache(check)
-        accelerate.optimizer.is_lomo_available = cached
-        if getattr(accelerate.accelerator, "is_lomo_available", None) is check:
-            accelerate.accelerator.is_lomo_available = cached
-
-
-class _CachedSignatures:
-    """`inspect` as accelerate.optimizer sees it, with `signature()` of methods cached.
-
-    `AcceleratedOptimizer.zero_grad` calls `inspect.signature(self.optimizer.zero_grad)` on
-    every step: about 40 us of a 340 us step (linear, batch 64, 2 CPU threads). A bound
-    method's signature depends only on its function, so the cache is keyed by the function
-    (holding no optimizer alive) and stays exact.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(inspect, name)
-
-    @staticmethod
-    def signature(obj: Any, *args: Any, **kwargs: Any) -> inspect.Signature:
-        func = getattr(obj, "__func__", None)
-        if args or kwargs or not inspect.ismethod(obj) or not inspect.isfunction(func):
-            return inspect.signature(obj, *args, **kwargs)
-        sig = _BOUND_SIGNATURES.get(func)
-        if sig is None:
-            sig = _BOUND_SIGNATURES[func] = inspect.signature(obj)
-        return sig
-
-
-_BOUND_SIGNATURES: dict[Any, inspect.Signature] = {}
-
-
-def _speed_up_accelerate() -> None:
-    """Remove per-step costs of accelerate 1.15 that do not change within a run (each guarded,
-    so that a newer accelerate without them is left as it is)."""
-    _cache_lomo_check()
-    import accelerate.optimizer
-
-    if getattr(accelerate.optimizer, "inspect", None) is inspect:
-        accelerate.optimizer.inspect = _CachedSignatures()  # type: ignore[assignment]
-
-
 def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     """An Accelerator for `config`, with the strategy taken from the accelerate config/env.
 
@@ -88,7 +35,6 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     honour, and where the launch asks for a strategy that Accelerate would not set up (it would
     train another one without a word).
     """
-    _speed_up_accelerate()
     launch = check_launch(config)
     grad_accum = launch.grad_accum
     use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")

@@ -73,6 +73,15 @@ def versions() -> dict[str, str]:
     return _versions()
 
 
+def default_out_dir(hw: dict[str, Any]) -> Path:
+    """results/<hardware>-<UTC date>/: one folder per machine and day, never the top level."""
+    if hw.get("gpu_count"):
+        name = f"{str(hw['gpu']).split()[-1].lower()}x{hw['gpu_count']}"
+    else:
+        name = f"cpu{hw.get('cpu_cores') or ''}"
+    return RESULTS / f"{name}-{utc_now()[:10]}"
+
+
 def command_line(argv: Sequence[str] | None = None) -> str:
     argv = sys.argv if argv is None else argv
     return shlex.join([Path(sys.executable).name, *argv])
@@ -99,10 +108,10 @@ def _cell(value: Any) -> str:
 def record_result(bench: str, tag: str, record: dict[str, Any], columns: Sequence[str],
                   out: str | os.PathLike | None = None) -> Path:  # fmt: skip
     """Write the JSON record and append a markdown row of `columns` (keys of record, dotted for nesting)."""
-    out_dir = Path(out) if out else RESULTS
-    out_dir.mkdir(parents=True, exist_ok=True)
     record.setdefault("benchmark", bench)
     hw = record.setdefault("hardware", hardware())
+    out_dir = Path(out) if out else default_out_dir(hw)
+    out_dir.mkdir(parents=True, exist_ok=True)
     record.setdefault("versions", versions())
     record.setdefault("date", utc_now())
     record.setdefault("command", command_line())
@@ -147,9 +156,9 @@ def table_row(record: dict[str, Any], columns: Sequence[str]) -> str:
     return "| " + " | ".join(str(c) for c in row) + " |\n"
 
 
-def rebuild_tables(out: str | os.PathLike | None = None) -> list[Path]:
-    """Rewrite every <bench>.md from the JSON records in `out`, oldest first."""
-    out_dir = Path(out) if out else RESULTS
+def rebuild_tables(out: str | os.PathLike) -> list[Path]:
+    """Rewrite every <bench>.md from the JSON records in the folder `out`, oldest first."""
+    out_dir = Path(out)
     by_bench: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(out_dir.glob("*.json")):
         record = json.loads(path.read_text())
@@ -181,10 +190,10 @@ def summarize_times(step_times: Sequence[float], batch_size: int, world: int = 1
 
 
 if __name__ == "__main__":
-    # python benchmarks/benchlib.py rebuild [RESULTS_DIR]: regenerate the markdown tables.
-    if len(sys.argv) >= 2 and sys.argv[1] == "rebuild":
-        for table in rebuild_tables(sys.argv[2] if len(sys.argv) > 2 else None):
+    # python -m benchmarks.benchlib rebuild RESULTS_DIR: regenerate the markdown tables.
+    if len(sys.argv) == 3 and sys.argv[1] == "rebuild":
+        for table in rebuild_tables(sys.argv[2]):
             print(f"wrote {table}")
     else:
-        print("usage: python benchmarks/benchlib.py rebuild [RESULTS_DIR]", file=sys.stderr)
+        print("usage: python -m benchmarks.benchlib rebuild RESULTS_DIR", file=sys.stderr)
         sys.exit(2)

@@ -1,6 +1,6 @@
 """CPU step time: accel_mnist's train() against a plain PyTorch loop, per data path.
 
-    python benchmarks/cpu_overhead.py [--models linear,cnn] [--batch-size 64] [--threads 2]
+    python -m benchmarks.cpu_overhead [--models linear,cnn] [--batch-size 64] [--threads 2]
         [--steps linear=400,cnn=60] [--repeats 3]
 
 The issue's CPU target: accel_mnist single-process step time <= 1.10x a plain PyTorch loop
@@ -26,23 +26,20 @@ accelerate's per-step `is_lomo_available()`; accel_mnist now always does.)
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "baselines"))
+import torch
 
-import torch  # noqa: E402
-
-import benchlib  # noqa: E402
-import plain_pytorch  # noqa: E402
+from benchmarks import benchlib
+from benchmarks.baselines import plain_pytorch
 
 COLUMNS = ["config.model", "config.batch_size", "config.threads", "config.plain_gather", "ms_per_step_basis",
-           "ms_per_step.plain/dataloader",
-           "ms_per_step.plain/device", "ms_per_step.accel/torch", "ms_per_step.accel/device",
-           "ratio_accel_device_to_plain_device", "ratio_accel_torch_to_plain_dataloader",
+           "ms_per_step.plain/dataloader", "ms_per_step.plain/device", "ms_per_step.accel/torch",
+           "ms_per_step.accel/device", "ms_per_step.accel/device_thin", "ratio_accel_device_to_plain_device",
+           "ratio_accel_device_thin_to_plain_device", "ratio_accel_torch_to_plain_dataloader",
            "ratio_device_speedup_accel"]  # fmt: skip
 
 
@@ -78,7 +75,41 @@ def step_stats(times: list[float]) -> dict:
             "ms_per_step_steady_mean": sum(intervals) / len(intervals) * 1e3}  # fmt: skip
 
 
-def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_dir: str, out: str) -> dict:
+class ThinStep:
+    """An experiment, not part of accel_mnist: the prepared optimizer's step and zero_grad
+    without accelerate 1.15's per-step lookups (`is_lomo_available()` twice, a `find_spec`
+    walk over sys.path, and `inspect.signature(zero_grad)`), through public attributes only
+    (`.optimizer`, `.scaler`, `accelerator.sync_gradients`). Used only where those calls do
+    nothing else: no grad scaler, no XLA; anything else goes to the prepared optimizer."""
+
+    def __init__(self, prepared, accelerator) -> None:
+        import inspect
+
+        from accelerate.utils import DistributedType
+
+        self._prepared, self._inner, self._accelerator = prepared, prepared.optimizer, accelerator
+        self._plain = prepared.scaler is None and accelerator.distributed_type in (
+            DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)  # fmt: skip
+        self._set_to_none = "set_to_none" in inspect.signature(self._inner.zero_grad).parameters
+
+    def step(self, closure=None):
+        if not self._plain:
+            return self._prepared.step(closure)
+        if self._accelerator.sync_gradients:
+            self._inner.step(closure)
+
+    def zero_grad(self, set_to_none=None):
+        if not self._plain or set_to_none is not None or not self._set_to_none:
+            return self._prepared.zero_grad(set_to_none)
+        if self._accelerator.sync_gradients:
+            self._inner.zero_grad(set_to_none=True)
+
+    def __getattr__(self, name):
+        return getattr(self._prepared, name)
+
+
+def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_dir: str, out: str,
+              thin: bool = False) -> dict:  # fmt: skip
     from accel_mnist import loop
     from accel_mnist.config import TrainConfig
 
@@ -86,7 +117,18 @@ def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_di
                          output_dir=out, overwrite=True, quiet=True, eval_batch_size=1000, export=False,
                          save_checkpoints=False, data_loader=data_loader)  # fmt: skip
     net = timed_model(model)
-    results = loop.train(config, model=net)
+    original = loop.prepare
+    if thin:  # only this benchmark's process: accel_mnist's own module, for the experiment
+
+        def prepare_thin(accelerator, *args, **kwargs):
+            model, optimizer, scheduler = original(accelerator, *args, **kwargs)
+            return model, ThinStep(optimizer, accelerator), scheduler
+
+        loop.prepare = prepare_thin
+    try:
+        results = loop.train(config, model=net)
+    finally:
+        loop.prepare = original
     if results["data_loader"] != data_loader:
         raise RuntimeError(f"asked for data_loader={data_loader}, the run used {results['data_loader']}")
     return {"steps": results["steps"], "train_seconds": results["train_seconds"],
@@ -133,7 +175,8 @@ def main(argv=None) -> int:
     bench = "gpu_overhead" if args.gpu else "cpu_overhead"
     steps_for = dict(item.split("=") for item in args.steps.split(","))
     data_dir = benchlib.data_dir()
-    variants = ["plain/dataloader", "plain/device", "accel/torch", "accel/device"]
+    variants = ["plain/dataloader", "plain/device", "accel/torch", "accel/device", "accel/device_thin"]
+    summary: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             steps = int(steps_for.get(model, 100))
@@ -147,7 +190,8 @@ def main(argv=None) -> int:
                         r = plain_run(model, args.batch_size, steps, data, args.threads, data_dir, args.gpu,
                                      args.plain_gather)  # fmt: skip
                     else:
-                        r = accel_run(model, args.batch_size, steps, data, data_dir, f"{tmp}/{model}-{data}-{rep}")
+                        r = accel_run(model, args.batch_size, steps, data.removesuffix("_thin"), data_dir,
+                                      f"{tmp}/{model}-{data}-{rep}", thin=data.endswith("_thin"))  # fmt: skip
                     r["ms_per_step_total"] = r["train_seconds"] / r["steps"] * 1e3
                     r["threads_after"] = torch.get_num_threads()
                     runs[v].append(r)
@@ -173,6 +217,10 @@ def main(argv=None) -> int:
                 "ms_per_step_total": ms_total,
                 "ms_per_step_min": ms_min,
                 "ratio_accel_device_to_plain_device": ms["accel/device"] / ms["plain/device"],
+                "ratio_accel_device_thin_to_plain_device": ms["accel/device_thin"] / ms["plain/device"],
+                # The fastest step seen: on a shared machine the least disturbed reading.
+                "ratio_min_accel_device_to_plain_device": ms_min["accel/device"] / ms_min["plain/device"],
+                "ratio_min_accel_device_thin_to_plain_device": ms_min["accel/device_thin"] / ms_min["plain/device"],
                 "ratio_accel_torch_to_plain_dataloader": ms["accel/torch"] / ms["plain/dataloader"],
                 "ratio_device_speedup_accel": ms["accel/torch"] / ms["accel/device"],
                 "ratio_device_speedup_plain": ms["plain/dataloader"] / ms["plain/device"],
@@ -182,11 +230,19 @@ def main(argv=None) -> int:
             }  # fmt: skip
             benchlib.record_result(bench, f"{model}-b{args.batch_size}-t{args.threads}", record,
                                    COLUMNS, args.out)  # fmt: skip
+            summary[model] = {"ms_per_step": ms, **{k: v for k, v in record.items() if k.startswith("ratio")}}
             print(
                 f"{model}: "
                 + ", ".join(f"{v} {ms[v]:.3f} ms" for v in variants)
                 + f"; accel/device : plain/device = {record['ratio_accel_device_to_plain_device']:.3f}"
             )
+    # The last line for `python -m benchmarks`: the ratio per model.
+    print(
+        json.dumps(
+            {f"{m}_{k}": v for m, d in summary.items() for k, v in d.items() if k.startswith("ratio")}
+            | {f"{m}_ms_{v}": x for m, d in summary.items() for v, x in d["ms_per_step"].items()}
+        )
+    )
     return 0
 
 

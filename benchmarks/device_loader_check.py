@@ -1,7 +1,7 @@
 """Check that a DeviceLoader works outside `accelerator.prepare`, under any accelerate config.
 
     accelerate launch --config_file accelerate_configs/zero2.yaml --mixed_precision no \
-        benchmarks/device_loader_check.py [--steps 6] [--grad-accum 2] [--eval-batch-size 333]
+        -m benchmarks.device_loader_check [--steps 6] [--grad-accum 2] [--eval-batch-size 333]
 
 `prepare(model, optimizer, scheduler)` without a dataloader (DeepSpeed gets its micro
 batch size from runtime.build_accelerator, which sets train_micro_batch_size_per_gpu), a

@@ -28,7 +28,7 @@ python3 -c "import torch, accelerate, deepspeed, sys; print(sys.version.split()[
 
 if [ "$PART" = 1 ]; then
   # 1. Start-up: what a run pays before its first step (GPU 0), beside DeepSpeed step costs (GPU 1).
-  ( gpu1 run zso_linear python3 benchmarks/zero_step_overhead.py --model linear --batch-size 64 --steps 600 \
+  ( gpu1 run zso_linear python3 -m benchmarks.zero_step_overhead --model linear --batch-size 64 --steps 600 \
       --repeats 2 --out "$B" ) &
   S=(--model linear --max-steps 1 --eval-batch-size 10000)
   gpu0 run import_torch python3 -c "import torch"
@@ -54,7 +54,7 @@ if [ "$PART" = 1 ]; then
   gpu0 run tta_oc4e3_e4_cudnn launch single_gpu "${TRAIN[@]}" "${TTA[@]}" --epochs 4 --scheduler onecycle --lr 4e-3 --cudnn-benchmark --output-dir "$R/tta_oc4e3_e4_cudnn" &
   gpu1 run tta_oc5e3_e4_b1024 launch single_gpu "${TRAIN[@]}" "${TTA[@]}" --epochs 4 --scheduler onecycle --lr 5e-3 --batch-size 1024 --cudnn-benchmark --output-dir "$R/tta_oc5e3_e4_b1024" &
   wait
-  P=(python3 benchmarks/baselines/plain_pytorch.py --model cnn --batch-size 512 --data device --precision bf16 --epochs 2 --out "$B")
+  P=(python3 -m benchmarks.baselines.plain_pytorch --model cnn --batch-size 512 --data device --precision bf16 --epochs 2 --out "$B")
   gpu0 run plain_cnn "${P[@]}" &
   gpu1 run plain_cnn_cudnn "${P[@]}" --cudnn-benchmark --tag cudnn &
   wait
@@ -67,10 +67,10 @@ if [ "$PART" = 1 ]; then
   scaling 512
 elif [ "$PART" = 2 ]; then
   # 4. Per-GPU peak memory by ZeRO stage (1.275B-parameter MLP), shipped settings and candidates.
-  run memory timeout 360 python3 benchmarks/memory.py --gpus 2 --out "$B" \
+  run memory timeout 360 python3 -m benchmarks.memory --gpus 2 --out "$B" \
     --launch ddp,zero1,zero2,zero3,ddp_bucket_view,zero2_small_buckets,zero3_small_buckets
   # 5. DeepSpeed's step costs on 2 GPUs (cnn, batch 512 per GPU), one engine setting at a time.
-  run zso_cnn_2gpu timeout 150 torchrun --nproc_per_node 2 benchmarks/zero_step_overhead.py --model cnn \
+  run zso_cnn_2gpu timeout 150 torchrun --nproc_per_node 2 -m benchmarks.zero_step_overhead --model cnn \
     --batch-size 512 --steps 200 --repeats 2 --variants plain_amp,zero1,zero2,zero2_no_contiguous,zero2_overlap,zero2_bf16 \
     --out "$B"
 elif [ "$PART" = 4 ]; then
@@ -83,14 +83,14 @@ elif [ "$PART" = 4 ]; then
   gpu0 run tta_launch launch single_gpu "${TRAIN[@]}" "${TTA[@]}" --output-dir "$R/tta_launch"
   gpu0 run seed_config_zero2 launch zero2 --num_processes 1 "${TRAIN[@]}" --model linear --batch-size 64 --lr 3e-4 \
     --epochs 2 --output-dir "$R/seed_config_zero2"
-  run memory timeout 200 python3 benchmarks/memory.py --gpus 2 --out "$B" \
+  run memory timeout 200 python3 -m benchmarks.memory --gpus 2 --out "$B" \
     --launch ddp_fused_adam,zero2_fused_adam,zero3_fused_adam,ddp_bucket_view_fused_adam
 else
   export TORCH_CUDA_ARCH_LIST=9.0  # DeepSpeed 0.19.8 cannot parse the "9.0a" it would detect (JIT builds)
   # 6. Scaling at batch 2048 per GPU, and the throughput of the shipped configs not measured
   #    before (cnn b512, 1 epoch).
   scaling 2048
-  run throughput timeout 300 python3 benchmarks/throughput.py --configs zero1,zero3,zero2_offload,zero3_offload \
+  run throughput timeout 300 python3 -m benchmarks.throughput --configs zero1,zero3,zero2_offload,zero3_offload \
     --gpus 1,2 --model cnn --batch-size 512 --epochs 1 --data-loader device --out "$B"
 fi
 tar czf "$OUT/part$PART.tgz" -C "$R" --exclude='checkpoints' --exclude='*.safetensors' --exclude='*.pt' .

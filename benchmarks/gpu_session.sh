@@ -20,10 +20,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"
 #    accel_mnist on 1 GPU, beside the seed script (minimally fixed) and a plain PyTorch loop.
 gpu0 run seed_config_zero2_1gpu launch zero2 --num_processes 1 "${TRAIN[@]}" --model linear --batch-size 64 \
   --lr 3e-4 --epochs 5 --no-save-checkpoints --no-export --output-dir "$R/seed_config_zero2_1gpu" &
-( gpu1 run seed_script_1gpu torchrun --nproc_per_node 1 benchmarks/baselines/seed_fixed.py --epochs 1 --out "$R/seed_script_1gpu"
-  gpu1 run plain_device_linear python3 benchmarks/baselines/plain_pytorch.py --model linear --batch-size 64 --lr 3e-4 \
+( gpu1 run seed_script_1gpu torchrun --nproc_per_node 1 -m benchmarks.baselines.seed_fixed --epochs 1 --out "$R/seed_script_1gpu"
+  gpu1 run plain_device_linear python3 -m benchmarks.baselines.plain_pytorch --model linear --batch-size 64 --lr 3e-4 \
     --data device --precision fp16 --epochs 1 --out "$R/plain_device_linear"
-  gpu1 run plain_dataloader_linear python3 benchmarks/baselines/plain_pytorch.py --model linear --batch-size 64 --lr 3e-4 \
+  gpu1 run plain_dataloader_linear python3 -m benchmarks.baselines.plain_pytorch --model linear --batch-size 64 --lr 3e-4 \
     --data dataloader --precision fp16 --epochs 1 --out "$R/plain_dataloader_linear" ) &
 wait
 
@@ -53,7 +53,7 @@ wait
 LEFT=$(( ${SESSION_SECONDS:-540} - ($(date +%s) - START) ))
 echo "memory benchmark: ${LEFT}s left"
 if [ "$LEFT" -gt 60 ]; then
-  run memory timeout $((LEFT - 20)) python3 benchmarks/memory.py --launch ddp,zero3,zero2,zero1 --gpus 2 --out "$R/memory"
+  run memory timeout $((LEFT - 20)) python3 -m benchmarks.memory --launch ddp,zero3,zero2,zero1 --gpus 2 --out "$R/memory"
 fi
 
 tar czf "$OUT/runs.tgz" -C "$R" --exclude='checkpoints' --exclude='*.safetensors' --exclude='*.pt' .

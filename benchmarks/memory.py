@@ -3,12 +3,12 @@
 One configuration per launch (the strategy comes from the accelerate config):
 
     accelerate launch --config_file accelerate_configs/multi_gpu.yaml --mixed_precision fp16 \
-        --num_processes 2 benchmarks/memory.py
-    accelerate launch --config_file accelerate_configs/zero2.yaml --num_processes 2 benchmarks/memory.py
+        --num_processes 2 -m benchmarks.memory
+    accelerate launch --config_file accelerate_configs/zero2.yaml --num_processes 2 -m benchmarks.memory
 
 or all of them, one launch each:
 
-    python benchmarks/memory.py --launch ddp,zero1,zero2,zero3 --gpus 2
+    python -m benchmarks.memory --launch ddp,zero1,zero2,zero3 --gpus 2
 
 Candidates beside the shipped settings: `ddp_bucket_view` (DDP's gradient_as_bucket_view),
 `*_fused_adam` (torch.optim.Adam(fused=True) instead of the default foreach Adam) and
@@ -36,9 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import benchlib  # noqa: E402
+from benchmarks import benchlib
 
 GIB = 1024**3
 FP16 = ["--mixed_precision", "fp16"]
@@ -182,7 +180,7 @@ def launch_all(args) -> int:
             config, extra, script_args = LAUNCH[name]
             cmd = [str(accelerate if accelerate.exists() else "accelerate"), "launch", "--config_file",
                    f"accelerate_configs/{config}.yaml", "--num_processes", str(n), *extra,
-                   "benchmarks/memory.py", "--hidden", str(args.hidden), "--layers", str(args.layers),
+                   "-m", "benchmarks.memory", "--hidden", str(args.hidden), "--layers", str(args.layers),
                    "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--label", name,
                    *script_args]  # fmt: skip
             if args.out:

@@ -1,6 +1,6 @@
 """Bar plot of training throughput (samples/s) per run, from throughput.py's JSON results.
 
-    python benchmarks/plot.py [--results benchmarks/results] [--out benchmarks/results/throughput.png]
+    python -m benchmarks.plot [--results benchmarks/results] [--out benchmarks/results/throughput.png]
         [--hardware SUBSTRING] [--model cnn] [--latest]
 
 One bar per run label (accelerate config x processes, data loader, baselines), one panel per
@@ -16,9 +16,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import benchlib  # noqa: E402
+from benchmarks import benchlib
 
 
 def load(results: Path, hardware: str | None, model: str | None) -> list[dict]:

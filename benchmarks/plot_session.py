@@ -1,6 +1,6 @@
 """Bar plot of training throughput per accelerate config from a gpu_session.json.
 
-    python benchmarks/plot_session.py benchmarks/results/h200x2-2026-11-30/gpu_session.json
+    python -m benchmarks.plot_session benchmarks/results/h200x2-2026-11-30/gpu_session.json
 writes throughput.png beside the JSON.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def main(path: str) -> Path:

@@ -1,6 +1,6 @@
 """Collect a GPU session's run folders into one session.json, its benchmark tables and a plot.
 
-    python benchmarks/session_summary.py RUNS_DIR [RUNS_DIR ...] --out benchmarks/results/<session>
+    python -m benchmarks.session_summary RUNS_DIR [RUNS_DIR ...] --out benchmarks/results/<session>
 
 RUNS_DIR is what gpu_perf_session.sh leaves (one folder per part): `<name>.wall.json` (the whole
 command's wall time), `<name>/` (the run's config.json, results.json, metrics.jsonl), `bench/`
@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import benchlib  # noqa: E402
+from benchmarks import benchlib
 
 KEEP = ("test_accuracy", "test_loss", "train_seconds", "wall_seconds", "samples_per_second", "steps", "epochs",
         "global_batch_size", "num_processes", "distributed_type", "zero_stage", "mixed_precision", "data_loader",

@@ -1,8 +1,8 @@
 """Training throughput of accel_mnist per accelerate config and process count, plus baselines.
 
-    python benchmarks/throughput.py --configs single_gpu,multi_gpu,zero1,zero2,zero3 --gpus 1,2 \
+    python -m benchmarks.throughput --configs single_gpu,multi_gpu,zero1,zero2,zero3 --gpus 1,2 \
         --model cnn --batch-size 512 --epochs 1 [--data-loader device] [--baselines plain]
-    python benchmarks/throughput.py --cpu --configs single_gpu,multi_gpu,zero2 --gpus 1,2 \
+    python -m benchmarks.throughput --cpu --configs single_gpu,multi_gpu,zero2 --gpus 1,2 \
         --model linear --batch-size 64 --max-steps 20          # CPU smoke test
 
 Each accel_mnist run is one subprocess,
@@ -33,9 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import benchlib  # noqa: E402
+from benchmarks import benchlib
 
 COLUMNS = ["label", "num_processes", "config.model", "config.batch_size", "data_loader", "samples_per_second",
            "ms_per_step", "train_seconds", "wall_seconds", "steps", "test_accuracy", "run_command"]  # fmt: skip
@@ -147,11 +145,10 @@ def run_accel(args, config: str, processes: int, tmp: Path) -> dict:
 
 
 def run_baseline(args, name: str, tmp: Path) -> dict:
-    base = benchlib.REPO / "benchmarks" / "baselines"
     out = tmp / f"baseline-{name.replace(':', '-')}"
     if name.startswith("plain"):
         data = name.split(":")[1]
-        cmd = [rel(sys.executable), rel(base / "plain_pytorch.py"), "--model", args.model, "--batch-size",
+        cmd = [rel(sys.executable), "-m", "benchmarks.baselines.plain_pytorch", "--model", args.model, "--batch-size",
                str(args.batch_size), "--epochs", str(args.epochs), "--data", data, "--out", str(out)]  # fmt: skip
         if args.max_steps is not None:
             cmd += ["--max-steps", str(args.max_steps)]
@@ -161,7 +158,15 @@ def run_baseline(args, name: str, tmp: Path) -> dict:
             cmd += ["--precision", args.mixed_precision]
         label, loader = f"plain_pytorch {data}", data
     else:  # seed
-        cmd = [rel(sys.executable), rel(base / "seed_fixed.py"), "--epochs", str(args.epochs), "--out", str(out)]
+        cmd = [
+            rel(sys.executable),
+            "-m",
+            "benchmarks.baselines.seed_fixed",
+            "--epochs",
+            str(args.epochs),
+            "--out",
+            str(out),
+        ]
         if args.max_steps is not None:
             cmd += ["--max-steps", str(args.max_steps)]
         label, loader = "seed post (DeepSpeed ZeRO-2, linear, b64)", "dataloader"

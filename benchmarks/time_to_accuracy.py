@@ -1,8 +1,8 @@
 """Time for accel_mnist to reach a test accuracy (default 99.0%), per accelerate config.
 
-    python benchmarks/time_to_accuracy.py --configs single_gpu --gpus 1 --model cnn \
+    python -m benchmarks.time_to_accuracy --configs single_gpu --gpus 1 --model cnn \
         --batch-size 512 --epochs 3 --eval-every 20 [--data-loader device] [--target 0.99]
-    python benchmarks/time_to_accuracy.py --cpu --configs single_gpu --model linear \
+    python -m benchmarks.time_to_accuracy --cpu --configs single_gpu --model linear \
         --batch-size 64 --max-steps 60 --eval-every 20 --target 0.85      # CPU smoke test
 
 Each run is `accelerate launch ... -m accel_mnist train --eval-every N ...` (see
@@ -24,10 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import benchlib  # noqa: E402
-import throughput  # noqa: E402
+from benchmarks import benchlib, throughput
 
 COLUMNS = ["label", "num_processes", "config.model", "config.batch_size", "data_loader", "target",
            "reached", "step_at_target", "train_seconds_to_target", "wall_seconds", "best_test_accuracy",

@@ -1,6 +1,6 @@
 """Where the time of one small ZeRO step goes: DeepSpeed engine settings, one change at a time.
 
-    python benchmarks/zero_step_overhead.py [--model linear] [--batch-size 64] [--steps 900]
+    python -m benchmarks.zero_step_overhead [--model linear] [--batch-size 64] [--steps 900]
         [--variants zero2,zero2_no_contiguous,...] [--repeats 2]
 
 One process, one device, the whole split on the device (accel_mnist's DeviceLoader), Adam
@@ -30,14 +30,11 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import benchlib  # noqa: E402
+from benchmarks import benchlib
 
 COLUMNS = ["variant", "processes", "config.model", "config.batch_size", "precision", "ms_per_step",
            "samples_per_second",

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import memory, report, runner, session_summary
+from benchmarks.baselines import plain_pytorch
+from benchmarks.suites import SUITES
 
-import memory  # noqa: E402
-import session_summary  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _run_folder(root: Path, name: str, results: dict, rows: list[dict], wall: float) -> None:
@@ -75,8 +76,8 @@ def test_memory_paper_formulas():
 
 
 def test_zero_step_overhead_rejects_an_unknown_variant():
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "zero_step_overhead.py"), "--variants", "zero9"],
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.zero_step_overhead", "--variants", "zero9"],
+                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert proc.returncode != 0 and "error: unknown variant(s) zero9" in proc.stderr
 
 
@@ -84,12 +85,119 @@ def test_zero_step_overhead_rejects_an_unknown_variant():
 def test_zero_step_overhead_records_each_variant_on_cpu(tmp_path, mnist_dir, monkeypatch):
     monkeypatch.setenv("ACCEL_MNIST_DATA_DIR", str(mnist_dir))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    cmd = [sys.executable, str(REPO / "benchmarks" / "zero_step_overhead.py"), "--steps", "5", "--repeats", "1",
+    cmd = [sys.executable, "-m", "benchmarks.zero_step_overhead", "--steps", "5", "--repeats", "1",
            "--variants", "plain_amp,zero2", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = {json.loads(p.read_text())["variant"]: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert set(records) == {"plain_amp", "zero2"}
     for record in records.values():
         assert record["precision"] == "fp32" and record["processes"] == 1 and record["ms_per_step"] > 0
     assert "ms/step (1 process(es)): plain_amp" in proc.stdout
+
+
+# -- python -m benchmarks: the suites' bookkeeping ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_suite_rows_are_complete_and_their_commands_fill(name, tmp_path):
+    suite = SUITES[name]
+    names = [row["name"] for row in suite["rows"]]
+    assert len(names) == len(set(names))
+    ctx = runner.context(tmp_path, "recipe.yaml")
+    for row in suite["rows"]:
+        assert {"name", "group", "what", "cmd", "parse"} <= set(row), row["name"]
+        assert row["parse"] in runner.PARSERS, row["name"]
+        for run in runner.runs_of(row):
+            argv = runner.fill(row["cmd"], {**ctx, "run": str(tmp_path / "r"), "seed": run["seed"]})
+            assert not [part for part in argv if re.search(r"\{[a-z_]+\}", part)], argv
+        for part in row["cmd"]:
+            if part.startswith("accelerate_configs/"):
+                assert (REPO / part).is_file(), part
+    for num, den, _ in suite.get("ratios", []):
+        assert {num, den} <= set(names)
+    for plotted in suite.get("plot") or []:
+        assert plotted in names
+
+
+def test_h200_suite_fits_one_ten_minute_call():
+    assert sum(row["budget"] for row in SUITES["h200"]["rows"]) <= 570
+    seeded = [row for row in SUITES["h200"]["rows"] if row["group"] == "time_to_99" and row["name"] == "recipe"]
+    assert seeded and len(seeded[0]["seeds"]) == 5
+
+
+def test_parse_curve_time_to_target_and_epoch_seconds(tmp_path):
+    rows = [
+        {"epoch": 0.5, "step": 10, "train_seconds": 0.4, "test_accuracy": 0.95},
+        {"epoch": 1.0, "step": 20, "train_seconds": 1.0, "test_accuracy": 0.985},
+        {"epoch": 1.5, "step": 30, "train_seconds": 1.5, "test_accuracy": 0.9905},
+        {"epoch": 2.0, "step": 40, "train_seconds": 2.5, "test_accuracy": 0.991},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parsed = runner.parse_curve("", tmp_path, {"target": 0.99})
+    assert parsed["reached"] and parsed["seconds_to_target"] == 1.5 and parsed["step_at_target"] == 30
+    assert parsed["best_test_accuracy"] == 0.991
+    assert parsed["epoch_seconds"] == pytest.approx([1.0, 1.5])
+    missing = runner.parse_curve("", tmp_path / "none", {"target": 0.99})
+    assert not missing["reached"] and missing["curve"] == []
+
+
+def test_readme_states_ratios_commands_and_skips(tmp_path):
+    rows = SUITES["cpu"]["rows"]
+    runs = [
+        {"row": "floor", "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.5, "command": "python -c x",
+         "parsed": {}} for i, w in enumerate([4.0, 5.0])
+    ] + [
+        {"row": "one_step", "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.7,
+         "command": "accel-mnist train --model linear", "parsed": {}} for i, w in enumerate([6.0, 4.4])
+    ]  # fmt: skip
+    record = {"suite": "cpu", "date": "2026-12-01T08:00:00Z", "hardware_label": "CPU: test (2 cores, 2 threads)",
+              "versions": {"torch": "x"}, "command": "python -m benchmarks cpu", "recipe": None, "rows": rows,
+              "ratios": SUITES["cpu"]["ratios"], "runs": runs, "skipped": {"loader_overhead": "time budget spent"},
+              "suite_seconds": 20.0}  # fmt: skip
+    text = report.readme(record)
+    assert "one_step / floor (median wall seconds): 5.20 / 4.50 = **1.16**" in text
+    assert "one_step / floor (min wall seconds): 4.40 / 4.00 = **1.10**" in text
+    assert "`accel-mnist train --model linear`" in text and "skipped loader_overhead: time budget spent" in text
+
+
+def test_dry_run_prints_every_command_without_running(capsys, tmp_path):
+    assert runner.main(["h200", "--dry-run", "--recipe", str(REPO / "pyproject.toml"), "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == sum(len(runner.runs_of(row)) for row in SUITES["h200"]["rows"])
+    assert not list(tmp_path.iterdir())
+
+
+def test_runner_refuses_a_missing_recipe(capsys, tmp_path):
+    assert runner.main(["h200", "--recipe", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)]) == 2
+    assert "error: --recipe" in capsys.readouterr().err
+
+
+def test_plain_pytorch_follows_a_recipe_and_flags_win(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: mlp\nbatch_size: 512\nlr: 0.01\nscheduler: onecycle\neval_every: 10\nwarmup: true\n")
+    args = plain_pytorch.parse_args(["--config", str(recipe), "--lr", "0.002"])
+    assert (args.model, args.batch_size, args.lr, args.scheduler, args.eval_every) == (
+        "mlp",
+        512,
+        0.002,
+        "onecycle",
+        10,
+    )
+    assert args.warmup and args.recipe_ignored == []
+
+
+def test_run_once_fills_runs_parses_and_cleans_up(tmp_path):
+    script = ("import json, sys; from pathlib import Path; run = Path(sys.argv[1]); "
+              "row = {'step': 5, 'train_seconds': 0.5, 'test_accuracy': 0.99, 'epoch': 1.0}; "
+              "(run / 'metrics.jsonl').write_text(json.dumps(row) + '\\n')")  # fmt: skip
+    row = {"name": "fake", "group": "g", "what": "w", "cmd": ["{python}", "-c", script, "{run}"], "parse": "curve",
+           "target": 0.99, "env": {"FAKE_ENV": "1"}}  # fmt: skip
+    ctx = runner.context(tmp_path, None)
+    record = runner.run_once(row, {"index": 0, "seed": 3}, ctx, tmp_path, timeout=120)
+    assert record["rc"] == 0 and record["env"] == {"FAKE_ENV": "1"}
+    assert record["parsed"]["reached"] and record["parsed"]["seconds_to_target"] == 0.5
+    assert str(tmp_path / "runs" / "fake-0") in record["command"]
+    assert not (tmp_path / "runs" / "fake-0").exists()  # parsed, then the run's folder goes
+    failing = {**row, "cmd": ["{python}", "-c", "raise SystemExit(3)"]}
+    assert runner.run_once(failing, {"index": 1, "seed": 0}, ctx, tmp_path, timeout=120)["rc"] == 3

@@ -249,7 +249,6 @@ def test_eval_counts_every_test_sample_exactly_once(n, batch_size, world):
 
 def test_registers_with_accelerate_gradient_state():
     """Iterating registers the loader as Accelerate's active dataloader, like DataLoaderShard."""
-    GradientState._reset_state()
     state = GradientState()
     images, labels = synthetic(25)
     dl = DeviceLoader(images, labels, MEAN, STD, 10, shuffle=False, num_processes=1, process_index=0)
@@ -270,13 +269,11 @@ def test_registers_with_accelerate_gradient_state():
     for _ in dl:
         break
     assert not state.in_dataloader
-    GradientState._reset_state()
 
 
 def test_gather_for_metrics_single_process_with_real_accelerator(mnist_dir):
     from accelerate import Accelerator
 
-    GradientState._reset_state()
     accelerator = Accelerator(cpu=True)
     images, labels = load_split("mnist", mnist_dir, train=False, download=False)
     dl = DeviceLoader(images, labels, MEAN, STD, 333, shuffle=False, device=accelerator.device,
@@ -285,7 +282,22 @@ def test_gather_for_metrics_single_process_with_real_accelerator(mnist_dir):
     for _, y in dl:
         count += len(accelerator.gather_for_metrics(y))
     assert count == 10000
-    GradientState._reset_state()
+
+
+def test_joins_gradient_state_only_through_accelerates_public_loader_base():
+    """No private GradientState calls in the package: the loader registers through the public
+    begin()/end() of accelerate's DataLoaderStateMixin, which its own DataLoaderShard uses."""
+    from pathlib import Path
+
+    from accelerate.data_loader import DataLoaderStateMixin
+
+    import accel_mnist
+
+    assert issubclass(DeviceLoader, DataLoaderStateMixin)
+    private = ("_add_dataloader", "_remove_dataloader", "_set_sync_gradients", "_reset_state")
+    for source in Path(accel_mnist.__file__).parent.glob("*.py"):
+        text = source.read_text()
+        assert not [name for name in private if name in text], source.name
 
 
 def test_batch_size_attribute_and_len():
@@ -338,7 +350,7 @@ def test_outside_prepare_under_two_process_deepspeed_zero2(mnist_dir):
     repo = Path(__file__).resolve().parents[1]
     accelerate = Path(sys.executable).with_name("accelerate")
     cmd = [str(accelerate), "launch", "--config_file", str(repo / "accelerate_configs" / "zero2.yaml"),
-           "--num_processes", "2", "--mixed_precision", "no", str(repo / "benchmarks" / "device_loader_check.py"),
+           "--num_processes", "2", "--mixed_precision", "no", "-m", "benchmarks.device_loader_check",
            "--steps", "4", "--grad-accum", "2", "--eval-batch-size", "333", "--data-dir", str(mnist_dir)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=repo)

@@ -1,7 +1,7 @@
 r"""Plain PyTorch MNIST training (no Accelerate, no DeepSpeed): the reference for overhead.
 
-    python benchmarks/baselines/plain_pytorch.py --model cnn --batch-size 512 --epochs 1 --data device
-    python benchmarks/baselines/plain_pytorch.py --model linear --batch-size 64 --data dataloader \
+    python -m benchmarks.baselines.plain_pytorch --model cnn --batch-size 512 --epochs 1 --data device
+    python -m benchmarks.baselines.plain_pytorch --model linear --batch-size 64 --data dataloader \
         --cpu --threads 2 --max-steps 200
 
 Two data paths:
@@ -19,19 +19,18 @@ exclude --warmup-steps), train seconds and test accuracy; writes benchmarks/resu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ for benchlib
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import benchlib  # noqa: E402
-from accel_mnist.data import DATASETS, ImageTensorDataset, load_split  # noqa: E402
-from accel_mnist.models import build_model, num_parameters  # noqa: E402
+from accel_mnist.data import DATASETS, ImageTensorDataset, load_split
+from accel_mnist.models import build_model, num_parameters
+from benchmarks import benchlib
 
 COLUMNS = ["config.model", "config.data", "config.batch_size", "config.precision", "steps",
            "samples_per_second", "ms_per_step", "train_seconds", "test_accuracy"]  # fmt: skip
@@ -58,7 +57,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     p.add_argument("--tag", default="", help="label added to the result file name")
-    return p.parse_args(argv)
+    p.add_argument("--scheduler", choices=["none", "onecycle"], default="none", help="torch OneCycleLR over the run")
+    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (clock paused)")
+    p.add_argument("--stop-at-accuracy", type=float, default=None, help="stop at the first evaluation >= this")
+    p.add_argument(
+        "--metrics-out",
+        default=None,
+        help="JSON lines of step, train_seconds, test_accuracy per evaluation (accel_mnist's metrics.jsonl keys)",
+    )
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=False,
+                   help="one untimed forward/backward on a copy of the model before the clock starts")  # fmt: skip
+    p.add_argument(
+        "--config",
+        default=None,
+        help="an accel_mnist recipe (YAML): its model, batch_size, lr, epochs, max_steps, scheduler, "
+        "eval_every, stop_at_accuracy, seed and warmup become the defaults; other keys are listed as ignored",
+    )
+    args = p.parse_args(argv)
+    args.recipe_ignored = []
+    if args.config:
+        defaults, args.recipe_ignored = recipe_defaults(args.config)
+        p.set_defaults(**defaults)
+        args = p.parse_args(argv)  # flags given on the command line still win
+        args.recipe_ignored = recipe_defaults(args.config)[1]
+    return args
+
+
+RECIPE_KEYS = ("model", "batch_size", "lr", "epochs", "max_steps", "scheduler", "eval_every", "stop_at_accuracy",
+               "seed", "warmup")  # fmt: skip
+
+
+def recipe_defaults(path: str) -> tuple[dict, list[str]]:
+    """The keys of an accel_mnist recipe this loop can follow (as argparse defaults), and the rest."""
+    import yaml
+
+    recipe = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(recipe, dict):
+        raise SystemExit(f"error: {path}: expected a mapping of training-config keys")
+    return {k: v for k, v in recipe.items() if k in RECIPE_KEYS}, sorted(k for k in recipe if k not in RECIPE_KEYS)
 
 
 def sync(device: torch.device) -> None:
@@ -145,8 +181,36 @@ def run(args) -> dict:
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
     warmup = min(args.warmup_steps, max(total_steps - 1, 0))
+    scheduler = None
+    if args.scheduler == "onecycle":
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=max(total_steps, 1))
+    curve: list[dict] = []
+    paused = 0.0  # seconds of evaluation inside the run, left out of train_seconds
+
+    def checkpoint_eval(epoch_end: bool) -> bool:
+        """Evaluate with the clock stopped; True when the target accuracy is reached."""
+        nonlocal paused
+        sync(device)
+        tick = time.perf_counter()
+        accuracy = evaluate(model, test_loader, device, autocast)
+        row = {"step": step, "epoch": round(step / len(train_loader), 4), "test_accuracy": accuracy,
+               "train_seconds": tick - start - paused, "epoch_end": epoch_end}  # fmt: skip
+        curve.append(row)
+        paused += time.perf_counter() - tick
+        return args.stop_at_accuracy is not None and accuracy >= args.stop_at_accuracy
 
     model.train()
+    if args.warmup:
+        # As accel_mnist's `warmup: true`: one untimed step on a copy (kernel loading and cuDNN's
+        # choices leave the clock; the trained weights are untouched).
+        import copy
+
+        spare = copy.deepcopy(model)
+        x, y = next(iter(train_loader))
+        with autocast():
+            loss = F.cross_entropy(spare(x.to(device)).float(), y.to(device))
+        loss.backward()
+        del spare
     step = 0
     samples_timed = 0
     sync(device)
@@ -161,22 +225,33 @@ def run(args) -> dict:
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
+            if scheduler is not None:
+                scheduler.step()
             step += 1
             if step == warmup:
                 sync(device)
                 timed_start = time.perf_counter()
             elif step > warmup:
                 samples_timed += len(y)
+            if args.eval_every and step % args.eval_every == 0 and step < total_steps and checkpoint_eval(False):
+                total_steps = step
             if step >= total_steps:
                 break
+        already = bool(curve) and curve[-1]["step"] == step
+        if (args.eval_every or args.metrics_out) and not already and checkpoint_eval(True):
+            total_steps = step
     sync(device)
     end = time.perf_counter()
     timed_steps = step - warmup
-    elapsed = end - timed_start
+    elapsed = end - timed_start - paused
+    if args.metrics_out:
+        Path(args.metrics_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.metrics_out).write_text("".join(json.dumps(row) + "\n" for row in curve))
     result = {
         "steps": step,
         "timed_steps": timed_steps,
-        "train_seconds": end - start,
+        "train_seconds": end - start - paused,
+        "curve": curve,
         "ms_per_step": elapsed / max(timed_steps, 1) * 1e3,
         "samples_per_second": samples_timed / elapsed if elapsed > 0 else float("nan"),
         "final_loss": loss.item(),
@@ -192,6 +267,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
     config = {k: v for k, v in vars(args).items() if k not in ("out", "tag")}
+    if args.config:
+        print(f"plain_pytorch: from {args.config}, ignored keys: {', '.join(args.recipe_ignored) or 'none'}")
     record = {"benchmark": "plain_pytorch", "config": config, **result}
     tag = (
         f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}{args.tag and '-' + args.tag}"

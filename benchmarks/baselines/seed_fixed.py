@@ -27,31 +27,30 @@ with N processes every rank trains on all 60000 images each epoch, and the confi
 train_batch_size 64 is the GLOBAL batch (DeepSpeed derives a micro batch of 64/N that the
 DataLoader, at 64, does not follow). `--distributed-sampler` adds the sampler, for comparison.
 
-Launch:  deepspeed --num_gpus 2 benchmarks/baselines/seed_fixed.py
-         python benchmarks/baselines/seed_fixed.py --max-steps 20     (CPU smoke test)
+Launch:  deepspeed --num_gpus 2 --module benchmarks.baselines.seed_fixed
+         python -m benchmarks.baselines.seed_fixed --max-steps 20     (CPU smoke test)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ for benchlib
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import torchvision.datasets as datasets
+import torchvision.transforms as transforms
+from torchvision.datasets.vision import VisionDataset
 
-import deepspeed  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.optim as optim  # noqa: E402
-import torchvision.datasets as datasets  # noqa: E402
-import torchvision.transforms as transforms  # noqa: E402
-from torchvision.datasets.vision import VisionDataset  # noqa: E402
-
-import benchlib  # noqa: E402
-from accel_mnist.data import load_split  # noqa: E402
+from accel_mnist.data import load_split
+from benchmarks import benchlib
 
 COLUMNS = ["world_size", "fp16", "epochs_run", "steps", "samples_per_second", "ms_per_step",
            "train_seconds", "epoch_seconds", "test_accuracy"]  # fmt: skip
@@ -95,6 +94,9 @@ def main() -> int:
     parser.add_argument("--data-dir", default=None, help="default $ACCEL_MNIST_DATA_DIR")
     parser.add_argument("--distributed-sampler", action="store_true", help="shard the data (not in the post)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--metrics-out", default=None,
+                        help="measurement only: test accuracy after each epoch (clock stopped), as JSON lines of "
+                        "step, train_seconds, test_accuracy (accel_mnist's metrics.jsonl keys)")  # fmt: skip
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args = parser.parse_args()
     root = args.data_dir or benchlib.data_dir()
@@ -131,6 +133,23 @@ def main() -> int:
         if cuda:
             torch.cuda.synchronize()
 
+    test_loader = torch.utils.data.DataLoader(IDXMNIST(root=root, train=False, transform=transforms.ToTensor()),
+                                              batch_size=1000)  # fmt: skip
+
+    def test_accuracy() -> float:
+        # Change 5: test accuracy, every rank over the whole test set.
+        model.eval()
+        correct = total = 0
+        with torch.no_grad():
+            for inputs, labels in test_loader:
+                logits = model(inputs.to(device).to(dtype))
+                correct += int((logits.argmax(1).cpu() == labels).sum())
+                total += len(labels)
+        model.train()
+        return correct / total
+
+    curve = []
+
     # 训练过程
     epoch_seconds, steps, samples = [], 0, 0
     done = False
@@ -157,20 +176,16 @@ def main() -> int:
         epoch_seconds.append(time.perf_counter() - tick)
         if rank == 0:
             print(f"epoch {epoch}: {epoch_seconds[-1]:.2f} s, loss {loss.item():.4f}", flush=True)
+        if args.metrics_out:  # outside the epoch clock
+            curve.append({"epoch": epoch + 1, "step": steps, "train_seconds": sum(epoch_seconds),
+                          "test_accuracy": test_accuracy()})  # fmt: skip
         if done:
             break
-    train_seconds = time.perf_counter() - start
-
-    # Change 5: test accuracy, every rank over the whole test set.
-    test_loader = torch.utils.data.DataLoader(IDXMNIST(root=root, train=False, transform=transforms.ToTensor()),
-                                              batch_size=1000)  # fmt: skip
-    model.eval()
-    correct = total = 0
-    with torch.no_grad():
-        for inputs, labels in test_loader:
-            logits = model(inputs.to(device).to(dtype))
-            correct += int((logits.argmax(1).cpu() == labels).sum())
-            total += len(labels)
+    train_seconds = sum(epoch_seconds) if args.metrics_out else time.perf_counter() - start
+    accuracy = curve[-1]["test_accuracy"] if curve else test_accuracy()
+    if args.metrics_out and rank == 0:
+        Path(args.metrics_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.metrics_out).write_text("".join(json.dumps(row) + "\n" for row in curve))
 
     if rank == 0:
         record = {
@@ -184,13 +199,13 @@ def main() -> int:
             "samples_per_second_all_ranks": samples * world / train_seconds,
             "ms_per_step": train_seconds / max(steps, 1) * 1e3,
             "train_seconds": train_seconds, "epoch_seconds": epoch_seconds,
-            "test_accuracy": correct / total, "final_loss": loss.item(),
+            "test_accuracy": accuracy, "final_loss": loss.item(),
         }  # fmt: skip
         benchlib.record_result("seed_fixed", f"w{world}-{'fp16' if cuda else 'fp32'}-s{steps}", record,
                                COLUMNS, args.out)  # fmt: skip
         print(
             f"seed_fixed: {steps} steps in {train_seconds:.2f} s ({record['samples_per_second']:.0f} samples/s "
-            f"per rank), test_accuracy {correct / total:.4f}"
+            f"per rank), test_accuracy {accuracy:.4f}"
         )
     dist.barrier()
     return 0

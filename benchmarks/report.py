@@ -1,0 +1,135 @@
+"""A suite's README.md (one table per group, the command of every row) and its time-to-accuracy plot."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.3g}"
+    return f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})"
+
+
+def _ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if r["rc"] == 0 and "parsed" in r]
+
+
+def _median_phases(runs: list[dict[str, Any]]) -> str:
+    timelines = [r["parsed"] for r in _ok(runs) if r["parsed"].get("phases")]
+    if not timelines:
+        return "–"
+    keys = ["python_start", "import_cli"]
+    out = [f"{k} {statistics.median(t[k] for t in timelines if t.get(k) is not None):.2f}" for k in keys]
+    names = sorted({n for t in timelines for n in t["phases"]} - {"train"})
+    for n in names:
+        values = [t["phases"].get(n, {}).get("seconds", 0.0) for t in timelines]
+        out.append(f"{n} {statistics.median(values):.2f}")
+    out.append(f"other_in_train {statistics.median(t['other_in_train'] for t in timelines):.2f}")
+    return "median s: " + ", ".join(out)
+
+
+def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """The row's numbers for the table, by what its parser read."""
+    ok = _ok(runs)
+    if row["parse"] == "curve":
+        reached = [r["parsed"]["seconds_to_target"] for r in ok if r["parsed"].get("reached")]
+        best = [r["parsed"]["best_test_accuracy"] for r in ok if r["parsed"].get("best_test_accuracy") is not None]
+        text = (f"{row.get('target', 0.99):.2%} in {len(reached)}/{len(runs)} runs, train s to it {_stats(reached)}; "
+                f"best test acc {_stats(best)}")  # fmt: skip
+        epochs = [r["parsed"]["epoch_seconds"] for r in ok if len(r["parsed"].get("epoch_seconds", [])) > 1]
+        if epochs:
+            text += "; s per epoch " + ", ".join(f"{s:.2f}" for s in epochs[0])
+        return text
+    if row["name"].endswith("timeline"):
+        return _median_phases(runs)
+    if row["parse"] == "json_line" and ok:
+        parsed = ok[-1]["parsed"]
+        numbers = {k: v for k, v in parsed.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in numbers.items())
+    return "–"
+
+
+def ratio_lines(record: dict[str, Any]) -> list[str]:
+    """`numerator / denominator` of the rows' wall seconds, as each ratio of the suite names."""
+    lines = []
+    for num, den, stat in record.get("ratios", []):
+        a = [r["wall_seconds"] for r in record["runs"] if r["row"] == num and r["rc"] == 0]
+        b = [r["wall_seconds"] for r in record["runs"] if r["row"] == den and r["rc"] == 0]
+        if a and b:
+            f = statistics.median if stat == "median" else min
+            lines.append(f"* {num} / {den} ({stat} wall seconds): {f(a):.2f} / {f(b):.2f} = **{f(a) / f(b):.2f}**")
+    return lines
+
+
+def readme(record: dict[str, Any]) -> str:
+    """The results folder's README.md: hardware, versions, ratios, then one table per group."""
+    v = record["versions"]
+    loads = [r["loadavg_1m"] for r in record["runs"]]
+    lines = [
+        f"# `python -m benchmarks {record['suite']}`, {record['date']}",
+        "",
+        f"Hardware: {record['hardware_label']}; load average (1 min) at the runs' starts: "
+        f"{min(loads, default=0):.2f}–{max(loads, default=0):.2f}. "
+        + ", ".join(f"{k} {val}" for k, val in v.items())
+        + ".",
+        f"Command: `{record['command']}`"
+        + (f" (recipe `{record['recipe']}`)" if record.get("recipe") else "")
+        + f"; {record['suite_seconds']:.0f} s in all. Every run was a fresh process; the raw record of each "
+        "(command, environment, return code, output tail, parsed numbers) is in `suite.json`.",
+        "",
+        *ratio_lines(record),
+    ]
+    for name, reason in record.get("skipped", {}).items():
+        lines.append(f"* skipped {name}: {reason}")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in record["rows"]:
+        groups.setdefault(row["group"], []).append(row)
+    for group, rows in groups.items():
+        lines += ["", f"## {group}", "", "| row | what | runs ok | wall s, median (min–max) | numbers | command |",
+                  "|---|---|---:|---:|---|---|"]  # fmt: skip
+        for row in rows:
+            runs = [r for r in record["runs"] if r["row"] == row["name"]]
+            if not runs:
+                continue
+            walls = [r["wall_seconds"] for r in runs if r["rc"] == 0]
+            env = " ".join(f"{k}={val}" for k, val in row.get("env", {}).items())
+            command = (env + " " if env else "") + runs[0]["command"]
+            numbers = key_numbers(row, runs).replace("|", "\\|")
+            lines.append(f"| {row['name']} | {row['what']} | {len(walls)}/{len(runs)} | {_stats(walls)} | "
+                         f"{numbers} | `{command}` |")  # fmt: skip
+    if any(row["parse"] == "curve" for row in record["rows"]):
+        lines += ["", "Curves (test accuracy against training seconds, every run): `time_to_accuracy.png`."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(record: dict[str, Any], rows: list[str], path: Path) -> Path | None:
+    """Test accuracy against training seconds (metrics.jsonl), one line per run, a colour per row."""
+    from matplotlib.figure import Figure
+
+    runs = [r for r in _ok(record["runs"]) if r["row"] in rows and r["parsed"].get("curve")]
+    if not runs:
+        return None
+    fig = Figure(figsize=(9, 5), dpi=110)
+    ax = fig.add_subplot()
+    colours = {name: f"C{i}" for i, name in enumerate(rows)}
+    labelled = set()
+    for r in runs:
+        seconds, accuracy = [c[0] for c in r["parsed"]["curve"]], [c[1] for c in r["parsed"]["curve"]]
+        label = None if r["row"] in labelled else r["row"]
+        labelled.add(r["row"])
+        ax.plot(seconds, accuracy, marker=".", color=colours[r["row"]], label=label, alpha=0.8)
+    ax.axhline(0.99, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_ylim(0.8, 1.0)
+    ax.set_xlabel("training seconds (the run's own clock, evaluation excluded)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"time to accuracy, {record['hardware_label']}, {record['date'][:10]}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.savefig(path)
+    return path

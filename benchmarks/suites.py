@@ -1,0 +1,116 @@
+"""The benchmark suites, as data: named rows of a command and what to read from its run.
+
+A row is a dict:
+
+  name     unique within the suite; the table's row label
+  group    rows of one group are compared with each other (one table per group)
+  what     one line for the table: what the row measures
+  cmd      argv; placeholders {python} {accel_mnist} {accelerate} {data} {run}
+           {recipe} {seed} are filled in by the runner ({run}: a fresh folder per run)
+  parse    how the row's numbers are read (runner.PARSERS): "wall" (the command's wall
+           seconds only), "json_line" (the last JSON line of stdout), "results"
+           ({run}/results.json), "curve" ({run}/metrics.jsonl: the time to `target`)
+  repeat   runs of the row; rows of a group are interleaved repeat by repeat, so that
+           other load on the machine hits them alike ("seeds": one seed per run instead)
+  env      extra environment variables; `needs`: "cuda" skips the row without a GPU,
+           "recipe" without --recipe
+  budget   seconds the row may take at most (the runner skips it when less is left)
+
+`ratios` name the comparisons the README table states, as (numerator row, denominator
+row, statistic): e.g. the 1-step command's median wall time over the floor's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# python, `import torch, accelerate`, one torch optimizer: what any such command pays. Building a
+# torch optimizer imports torch._dynamo (Optimizer.add_param_group is wrapped in
+# torch._disable_dynamo, which imports it on the first call), so that is part of the floor.
+FLOOR = "import torch, accelerate; torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])"
+ONE_STEP = ["train", "--model", "linear", "--max-steps", "1", "--no-export", "--data-dir", "{data}",
+            "--output-dir", "{run}", "--overwrite", "--quiet"]  # fmt: skip
+
+Row = dict[str, Any]
+
+CPU: list[Row] = [
+    {"name": "floor", "group": "startup", "what": "python -c 'import torch, accelerate; torch.optim.Adam(...)'",
+     "cmd": ["{python}", "-c", FLOOR], "parse": "wall", "repeat": 5},
+    {"name": "one_step", "group": "startup", "what": "accel-mnist train --model linear --max-steps 1 --no-export",
+     "cmd": ["{accel_mnist}", *ONE_STEP], "parse": "wall", "repeat": 5},
+    {"name": "one_step_timeline", "group": "timeline", "what": "the same command in-process, phase by phase",
+     "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "parse": "json_line", "repeat": 3},
+    {"name": "step_overhead", "group": "step", "what": "linear b64, 2 threads: accel_mnist step vs the plain loop",
+     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "2", "--repeats", "3",
+             "--steps", "linear=300", "--out", "{run}"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+    {"name": "step_overhead_1thread", "group": "step", "what": "the same with 1 thread (less exposed to other load "
+     "on a shared machine)",
+     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "1", "--repeats", "3",
+             "--steps", "linear=300", "--out", "{run}"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+    {"name": "loader_overhead", "group": "step", "what": "per-batch cost: DeviceLoader vs an on-device dataset with "
+     "__getitems__ in an Accelerate-prepared DataLoader (batch 64)",
+     "cmd": ["{python}", "-m", "benchmarks.loader_overhead", "--threads", "2"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+]  # fmt: skip
+
+# One call of at most 10 minutes on one H200: the rows' budgets add up to 560 s.
+SINGLE_GPU = ["{accelerate}", "launch", "--config_file", "accelerate_configs/single_gpu.yaml"]
+BF16 = {"ACCELERATE_MIXED_PRECISION": "bf16"}
+H200: list[Row] = [
+    {"name": "floor", "group": "startup", "what": "python -c 'import torch, accelerate; torch.optim.Adam(...)'",
+     "cmd": ["{python}", "-c", FLOOR], "parse": "wall", "repeat": 3, "budget": 40},
+    {"name": "one_step", "group": "startup", "what": "python -m accel_mnist train --model linear --max-steps 1 "
+     "--no-export (bf16)", "cmd": ["{python}", "-m", "accel_mnist", *ONE_STEP], "env": BF16, "parse": "wall",
+     "repeat": 3, "budget": 50},
+    {"name": "one_step_launch", "group": "startup", "what": "the same through accelerate launch --config_file "
+     "accelerate_configs/single_gpu.yaml", "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *ONE_STEP], "parse": "wall",
+     "repeat": 2, "budget": 60},
+    {"name": "one_step_timeline", "group": "timeline", "what": "python -m accel_mnist's 1-step command, phase by "
+     "phase", "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "env": BF16, "parse": "json_line",
+     "repeat": 1, "budget": 20},
+    {"name": "recipe", "group": "time_to_99", "what": "python -m accel_mnist train --config RECIPE (bf16), a fresh "
+     "process per seed", "needs": "recipe", "env": BF16,
+     "cmd": ["{python}", "-m", "accel_mnist", "train", "--config", "{recipe}", "--seed", "{seed}", "--data-dir",
+             "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export"],
+     "parse": "curve", "target": 0.99, "seeds": [0, 1, 2, 3, 4], "budget": 110},
+    {"name": "recipe_plain", "group": "time_to_99", "what": "plain PyTorch loop on the same recipe (bf16 autocast, "
+     "whole split on the GPU)", "needs": "recipe",
+     "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", "{recipe}", "--seed", "{seed}",
+             "--data", "device", "--precision", "bf16", "--data-dir", "{data}", "--metrics-out", "{run}/metrics.jsonl",
+             "--out", "{run}"],
+     "parse": "curve", "target": 0.99, "seeds": [0, 1, 2, 3, 4], "budget": 70},
+    {"name": "seed_zero2", "group": "seed_setup", "what": "the seed's setup through accel_mnist: zero2.yaml, 1 GPU, "
+     "linear b64, Adam 3e-4, 5 epochs (fp16)",
+     "cmd": ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1",
+             "-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "5",
+             "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
+             "--no-save-checkpoints"],
+     "parse": "curve", "target": 0.99, "repeat": 1, "budget": 70},
+    {"name": "seed_plain_fp16", "group": "seed_setup", "what": "plain PyTorch, same setup, fp16 autocast + "
+     "GradScaler, torch DataLoader", "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--model",
+     "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "5", "--data", "dataloader", "--precision", "fp16",
+     "--data-dir", "{data}", "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
+     "parse": "curve", "target": 0.99, "repeat": 1, "budget": 50},
+    {"name": "seed_script", "group": "seed_setup", "what": "the seed script (DeepSpeed ZeRO-2, fp16, torchvision "
+     "per-sample DataLoader), 1 GPU, 5 epochs",
+     "cmd": ["{python}", "-m", "benchmarks.baselines.seed_fixed", "--epochs", "5",
+             "--data-dir", "{data}", "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
+     "parse": "curve", "target": 0.99, "repeat": 1, "budget": 90},
+]  # fmt: skip
+
+SUITES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "rows": CPU,
+        "ratios": [("one_step", "floor", "median"), ("one_step", "floor", "min")],
+        "plot": None,
+    },
+    "h200": {
+        "rows": H200,
+        "needs": "cuda",
+        "ratios": [("one_step", "floor", "median"), ("one_step_launch", "floor", "median")],
+        # test accuracy against training seconds, one curve per run
+        "plot": ["recipe", "recipe_plain", "seed_zero2", "seed_plain_fp16", "seed_script"],
+    },
+}

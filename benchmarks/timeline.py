@@ -1,0 +1,97 @@
+"""Where the seconds of one `accel-mnist train ...` command go, phase by phase.
+
+    python -m benchmarks.timeline train --model linear --max-steps 1 --no-export ...
+
+Runs the CLI in this process (same arguments as `accel-mnist`) and prints one JSON line:
+`python_start` (process start to this module, from /proc), `import_cli` (importing
+accel_mnist.cli: torch, accelerate, ...), then each phase of train() with its seconds and
+calls, timed with perf_counter around accel_mnist's own functions (build_accelerator,
+load_datasets, Loaders, prepare — which builds the first torch optimizer, and with it
+imports torch._dynamo —, evaluate, the export, write_report), and `other` for the rest
+of train() (the steps, checkpoints, results.json). Nothing outside accel_mnist is wrapped;
+the wrappers only time the calls they pass through.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+T0 = time.perf_counter()
+
+PHASES = {  # phase name: (module, attribute); the loop looks each up at call time
+    "accelerator": ("accel_mnist.loop", "build_accelerator"),
+    "data": ("accel_mnist.loop", "load_datasets"),
+    "loaders": ("accel_mnist.loop", "Loaders"),
+    "outputs": ("accel_mnist.loop", "RunOutputs"),
+    "prepare": ("accel_mnist.loop", "prepare"),
+    "evaluate": ("accel_mnist.loop", "evaluate"),
+    "export": ("accel_mnist.export", "full_state_dict"),
+    "export_save": ("accel_mnist.export", "save_exported"),
+    "report": ("accel_mnist.report", "write_report"),
+}
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux /proc; None elsewhere)."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _timed(name: str, fn: Any, record: dict[str, dict[str, float]]) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        tick = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            entry = record.setdefault(name, {"seconds": 0.0, "calls": 0})
+            entry["seconds"] += time.perf_counter() - tick
+            entry["calls"] += 1
+
+    return wrapper
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `accel-mnist ARGV` here and print the timeline as one JSON line."""
+    import importlib
+
+    age_at_start, main_start = process_age(), time.perf_counter()
+    tick = main_start
+    from accel_mnist import cli
+
+    import_cli = time.perf_counter() - tick
+    phases: dict[str, dict[str, float]] = {}
+    for name, (module_name, attr) in PHASES.items():
+        module = importlib.import_module(module_name)
+        setattr(module, attr, _timed(name, getattr(module, attr), phases))
+    train = _timed("train", importlib.import_module("accel_mnist.loop").train, phases)
+    cli.train = train  # the CLI's own reference to loop.train
+    tick = time.perf_counter()
+    rc = cli.main(sys.argv[1:] if argv is None else argv)
+    cli_seconds = time.perf_counter() - tick
+    total = phases.get("train", {}).get("seconds", 0.0)
+    inner = sum(v["seconds"] for k, v in phases.items() if k != "train")
+    timeline = {
+        "python_start": None if age_at_start is None else age_at_start - (main_start - T0),
+        "import_cli": import_cli,
+        "phases": phases,
+        "other_in_train": total - inner,
+        "cli_outside_train": cli_seconds - total,
+        "process_seconds": process_age(),
+        "rc": rc,
+    }
+    print(json.dumps(timeline, sort_keys=True))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
