@@ -80,7 +80,13 @@ class TrainConfig:
     )
     save_checkpoints: bool = field(default=True, metadata={"help": "write checkpoints at all"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
-    resume_from: str | None = field(default=None, metadata={"help": "'latest' (in output_dir) or a checkpoint folder"})
+    resume_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "'auto' (latest checkpoint of output_dir if any, else a fresh start; a finished run "
+            "is returned as it is), 'latest' (must exist) or a checkpoint folder"
+        },
+    )
     max_nonfinite: int = field(
         default=10, metadata={"help": "stop after this many optimizer steps in a row with a non-finite loss"}
     )

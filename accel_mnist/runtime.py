@@ -20,6 +20,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
 
 from .config import TrainConfig
+from .elastic import join_restarted_group
 from .errors import UsageError
 from .optim import build_optimizer, build_scheduler
 
@@ -105,6 +106,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
             handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
         else:
             kwargs.setdefault("cpu", True)
+    join_restarted_group()  # after a torchrun restart: a process group on fresh store keys
     accelerator = Accelerator(
         # An explicit plugin: the launcher's ACCELERATE_GRADIENT_ACCUMULATION_STEPS would
         # otherwise silently replace config.grad_accum.
