@@ -119,11 +119,16 @@ class RunDir:
                 raise UsageError(f"cannot create output directory {self.dir}: {e.strerror}") from None
 
         agree(acc, create)
-        if not seen_by_every_node(acc, self.dir):
-            raise UsageError(
-                f"--output-dir {self.dir} is not shared by every node (a file written there by rank 0 "
-                "is missing on another node); put it on a filesystem that all nodes mount"
-            )
+        shared = seen_by_every_node(acc, self.dir)
+
+        def refuse_unshared() -> None:  # raised by rank 0, so that every node prints rank 0's path
+            if not shared and acc.is_main_process:
+                raise UsageError(
+                    f"--output-dir {self.dir} is not shared by every node (a file written there by rank 0 "
+                    "is missing on another node); put it on a filesystem that all nodes mount"
+                )
+
+        agree(acc, refuse_unshared)
         if acc.is_main_process:
             earlier = ckpt.list_checkpoints(self.dir)
             if resume_step is None:  # --overwrite: the earlier run's checkpoints go too

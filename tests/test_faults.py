@@ -186,3 +186,51 @@ def test_resume_on_fewer_processes_keeps_the_samples_of_each_step(tmp_path, mnis
     for row, ref_row in zip(rows, ref, strict=True):
         assert row["train_loss"] == pytest.approx(ref_row["train_loss"], rel=1e-4)
         assert row["test_loss"] == pytest.approx(ref_row["test_loss"], rel=1e-4)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(p))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_the_slurm_requeue_script_requeues_a_preempted_run_and_then_finishes_it(tmp_path, mnist_dir):
+    """examples/slurm_requeue.sbatch with stand-ins for srun (one task) and scontrol (a log)."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$*" >> {tmp_path / "scontrol.log"}\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "OUT": str(out),
+           "CONFIG": str(CONFIGS / "multi_cpu.yaml"), "ACCELERATE": str(Path(sys.executable).with_name("accelerate")),
+           "TRAIN_ARGS": " ".join(ARGS)}  # fmt: skip
+    script = ["bash", str(REPO / "examples" / "slurm_requeue.sbatch")]
+    log = tmp_path / "job.out"
+    with open(log, "w") as f:
+        job = subprocess.Popen(script, env=env, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        marker = ckpt.checkpoint_dir(out) / "step_20" / ckpt.STATE_FILE
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        # Slurm signals the batch shell and the job step's tasks (the launcher).
+        for pid in [job.pid, *_children(job.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        assert job.wait(timeout=120) == EXIT_PREEMPTED, log.read_text()[-3000:]
+    finally:
+        kill_tree(job.pid)
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 7\n"
+    assert "preempted: {" in log.read_text()
+    # The requeued job runs the same script again: it resumes and finishes.
+    proc = subprocess.run(script, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["steps"] == 120
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 7\n"

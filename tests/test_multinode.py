@@ -147,9 +147,10 @@ def test_two_machines_match_one_machine(reference, tmp_path, name, distributed_t
             assert row[key] == pytest.approx(ref_row[key], rel=1e-6), key
 
 
-def one_error_line(err: str) -> str:
+def one_error_line(code: int, err: str) -> str:
+    """The `error:` line of a machine whose one worker stopped with exit code 2 (torchrun: 1)."""
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, err[-4000:]
+    assert code == 1 and len(lines) == 1 and "exitcode  : 2" in err, err[-4000:]
     return lines[0]
 
 
@@ -157,8 +158,7 @@ def one_error_line(err: str) -> str:
 def test_machines_without_shared_storage_stop_together_with_one_error(tmp_path, mnist_dir):
     machine0, machine1 = tmp_path / "machine0", tmp_path / "machine1"
     results = launch_two_machines(MULTINODE["ddp"], [machine0, machine1])
-    assert [code for code, _ in results] == [2, 2], results
-    lines = {one_error_line(err) for _, err in results}
+    lines = {one_error_line(code, err) for code, err in results}
     assert len(lines) == 1 and "is not shared by every node" in lines.pop()
     assert not (machine0 / "checkpoints").exists() and not (machine0 / "config.json").exists()
     # A resume decided on each node alone would stop only the node without checkpoints (the
@@ -166,6 +166,5 @@ def test_machines_without_shared_storage_stop_together_with_one_error(tmp_path, 
     (machine0 / "checkpoints" / "step_10").mkdir(parents=True)
     (machine0 / "checkpoints" / "step_10" / "trainer_state.json").write_text("{}")
     results = launch_two_machines(MULTINODE["ddp"], [machine0, machine1], "--resume-from", "latest")
-    assert [code for code, _ in results] == [2, 2], results
-    lines = {one_error_line(err) for _, err in results}
+    lines = {one_error_line(code, err) for code, err in results}
     assert len(lines) == 1 and f"no complete checkpoint in {machine1 / 'checkpoints'}" in lines.pop()
