@@ -186,10 +186,11 @@ def _train(
             if (config.save_checkpoints and due) or stop.agreed:  # a signal: save this step, whatever the schedule
                 tick = pause_clock(tick, save)
             if stop.agreed and not finished:
+                signal_name = stop.received or "a signal to another rank"
                 # Free the prepared objects first, as at a normal end (see below).
                 accelerator.free_memory(model, optimizer, scheduler, data.train, data.test)
-                run_dir.mark_preempted(stop.received or "a signal on another rank", state.step, saved[-1])
-                raise Preempted(stop.received or "a signal on another rank", state.step, saved[-1])
+                run_dir.mark_preempted(signal_name, state.step, saved[-1])
+                raise Preempted(signal_name, state.step, saved[-1])
             if finished:
                 break
     bar.close()
