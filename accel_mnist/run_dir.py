@@ -10,6 +10,7 @@ so a directory that is not shared is refused before training starts.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from .preemption import MARKER_FILE
 # Settings whose change turns a finished run into another run: auto then does not return it.
 _FINISHED_KEYS = (*ckpt.MUST_MATCH, "batch_size", "epochs", "max_steps", "stop_at_accuracy")
 _FRESH, _RESUME, _FINISHED = 0, 1, 2
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,6 +102,8 @@ class RunDir:
         directory first: the main process when every node shares it, else each node's own."""
         data_dir = resolve_data_dir(self.config.data_dir)
         shared = seen_by_every_node(self.accelerator, data_dir)
+        if not shared and self.accelerator.is_local_main_process:
+            logger.info(f"data directory {data_dir} is not shared by every node: this node reads it on its own")
         first = self.accelerator.main_process_first if shared else self.accelerator.local_main_process_first
         with first():
             yield

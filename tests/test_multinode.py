@@ -85,16 +85,16 @@ def test_launcher_resolves_a_static_two_node_rendezvous(name, monkeypatch):
     assert (args.main_process_ip, args.main_process_port) == ("MAIN_NODE_IP", 29500)
 
 
-def launch_two_machines(launch_args, out_dirs, *extra, timeout=300):
+def launch_two_machines(launch_args, out_dirs, *extra, data_dirs=(MNIST_DIR, MNIST_DIR), timeout=300):
     """Start machine 0 and machine 1 together, machine R writing to out_dirs[R] (the same path
     twice stands for shared storage)."""
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
     port = free_port()
     procs = []
-    for rank, out in enumerate(out_dirs):
+    for rank, (out, data) in enumerate(zip(out_dirs, data_dirs, strict=True)):
         cmd = [str(accelerate), "launch", *launch_args, *machine_args(rank, port), "-m", "accel_mnist", "train",
-               *TRAIN_ARGS, "--output-dir", str(out), "--quiet", *extra]  # fmt: skip
+               *TRAIN_ARGS, "--output-dir", str(out), "--data-dir", str(data), "--quiet", *extra]  # fmt: skip
         procs.append(
             subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
         )
@@ -168,3 +168,18 @@ def test_machines_without_shared_storage_stop_together_with_one_error(tmp_path, 
     results = launch_two_machines(MULTINODE["ddp"], [machine0, machine1], "--resume-from", "latest")
     lines = {one_error_line(code, err) for code, err in results}
     assert len(lines) == 1 and f"no complete checkpoint in {machine1 / 'checkpoints'}" in lines.pop()
+
+
+@pytest.mark.slow
+def test_node_local_data_directories_are_read_by_each_node(tmp_path, mnist_dir):
+    shared, data = tmp_path / "shared", [tmp_path / "data0", tmp_path / "data1"]
+    for d in data:  # a copy per "node" (links to the same files)
+        d.mkdir()
+        for f in mnist_dir.iterdir():
+            (d / f.name).symlink_to(f)
+    results = launch_two_machines(MULTINODE["ddp"], [shared, shared], "--max-steps", "5", data_dirs=data)
+    for rank, (code, err) in enumerate(results):
+        assert code == 0, f"machine {rank} failed:\n{err[-4000:]}"
+        assert f"data directory {data[rank]} is not shared by every node" in err, err[-3000:]
+    assert not [p for d in data for p in d.glob(".accel_mnist_probe_*")]
+    assert json.loads((shared / "results.json").read_text())["steps"] == 5
