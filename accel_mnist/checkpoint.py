@@ -27,7 +27,10 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d+)$")
 # Keys whose change makes a checkpoint mean something else; everything else may differ on resume.
-MUST_MATCH = ("model", "dataset", "batch_size", "grad_accum", "optimizer", "scheduler", "seed")
+# The batch size may change with the number of processes as long as the global batch stays.
+MUST_MATCH = ("model", "dataset", "grad_accum", "optimizer", "scheduler", "seed")
+# Distributed types whose checkpoints are the same files at any number of processes.
+_REPLICATED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 
 @dataclass
@@ -70,6 +73,12 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def step_of(path: Path) -> int:
+    """The step number in a checkpoint folder's name (step_<N>)."""
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainState, keep: int) -> Path:
     """Save on all ranks (DeepSpeed shards are written by each), publish atomically, keep `keep`."""
     root = checkpoint_dir(output_dir)
@@ -95,10 +104,13 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: Tra
     return final
 
 
-def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path:
-    """`latest` (in output_dir) or a path to a checkpoint folder; a clear error otherwise."""
-    if resume_from == "latest":
+def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path | None:
+    """`latest` (in output_dir), `auto` (latest if any, else None: a fresh start) or a path to a
+    checkpoint folder; a clear error otherwise."""
+    if resume_from in ("latest", "auto"):
         found = list_checkpoints(output_dir)
+        if not found and resume_from == "auto":
+            return None
         if not found:
             raise UsageError(f"--resume-from latest: no complete checkpoint in {checkpoint_dir(output_dir)}")
         return found[-1]
@@ -130,18 +142,66 @@ def check_compatible(
             f"{path} was saved with a {config['scheduler']} schedule over {saved.total_steps} steps but this run "
             f"has {total_steps}; keep --epochs/--max-steps as they were (or use --scheduler none or step)"
         )
-    # FSDP keys exist only under FSDP; its checkpoints differ by version and state dict type.
-    for key in ("num_processes", "zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
-        if saved.strategy.get(key) != strategy.get(key):
-            raise UsageError(
-                f"{path} was saved with {key}={saved.strategy.get(key)} but this run has "
-                f"{key}={strategy.get(key)}; resume with the accelerate config it was saved with"
-            )
+    _check_world(saved, strategy, config, path)
     for key in MUST_MATCH:
         if saved.config.get(key) != config.get(key):
             raise UsageError(
                 f"{path} was saved with {key}={saved.config.get(key)!r} but this run has {key}={config.get(key)!r}"
             )
+
+
+def _check_world(saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+    """Another number of processes is fine where the global batch stays and the checkpoint's
+    files do not depend on it (DDP or one process: replicated weights, consecutive batches)."""
+    was, now = saved.strategy, strategy
+    # FSDP keys exist only under FSDP; its checkpoints differ by version and state dict type.
+    for key in ("zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
+        same = was.get(key) == now.get(key) or (
+            key == "distributed_type" and {was.get(key), now.get(key)} <= set(_REPLICATED)
+        )
+        if not same:
+            raise UsageError(
+                f"{path} was saved with {key}={was.get(key)} but this run has {key}={now.get(key)}; "
+                "resume with the accelerate config it was saved with"
+            )
+    n_was, n_now = was.get("num_processes", 1), now.get("num_processes", 1)
+    accum = config.get("grad_accum", 1)
+    global_was = saved.config.get("batch_size", 0) * saved.config.get("grad_accum", 1) * n_was
+    global_now = config.get("batch_size", 0) * accum * n_now
+    if global_was != global_now:
+        per_process, rest = divmod(global_was, accum * n_now)
+        keep = (f"pass --batch-size {per_process} to keep it" if per_process and not rest
+                else f"{n_now} processes cannot keep it; use a number that divides {global_was // accum}")  # fmt: skip
+        raise UsageError(
+            f"{path} was saved with a global batch of {global_was} (batch_size {saved.config.get('batch_size')} x "
+            f"grad_accum {saved.config.get('grad_accum', 1)} x {n_was} processes) but this run has {global_now}; "
+            f"with {n_now} processes {keep}"
+        )
+    if n_was != n_now and now.get("fsdp_version"):
+        raise UsageError(
+            f"{path} holds FSDP state of {n_was} processes but this run has {n_now}; "
+            f"resume with --num_processes {n_was}"
+        )
+    if n_was != n_now and now.get("zero_stage"):
+        raise UsageError(
+            f"{path} holds ZeRO-{now['zero_stage']} shards of {n_was} processes but this run has {n_now}; "
+            f"resume with --num_processes {n_was}, or convert the shards with `python -m "
+            f"deepspeed.checkpoint.ds_to_universal --input_folder {path}/pytorch_model --output_folder DIR` "
+            "and load DIR through DeepSpeed's checkpoint.load_universal (accel_mnist does not do that itself)"
+        )
+
+
+def rescale_loss_sums(state: TrainState, num_processes: int) -> list[float]:
+    """Per-rank loss sums of the checkpoint for `num_processes` ranks.
+
+    Each rank sums its batches' mean losses and the train loss divides the total by the
+    number of ranks, so the total scales with the number of ranks; rank 0 carries it.
+    """
+    sums = state.loss_sums
+    if not sums or len(sums) == num_processes:
+        return sums or [0.0] * num_processes
+    total = sum(sums) * num_processes / len(sums)
+    return [total] + [0.0] * (num_processes - 1)
 
 
 def verify_checkpoint(accelerator: Accelerator, path: Path, trust: bool = False) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Command line: `accel-mnist train [flags]`, also as `python -m accel_mnist` and under
 `accelerate launch -m accel_mnist`.
 
-Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug).
+Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug);
+a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint ends with exit code 75.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, get_type_hints
 from .config import TrainConfig, coerce, load_config_file
 from .errors import UsageError
 from .loop import train
+from .preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
 
@@ -99,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Preempted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -92,7 +92,13 @@ class TrainConfig:
     )
     save_checkpoints: bool = field(default=True, metadata={"help": "write checkpoints at all"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
-    resume_from: str | None = field(default=None, metadata={"help": "'latest' (in output_dir) or a checkpoint folder"})
+    resume_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "'auto' (latest checkpoint of output_dir if any, else a fresh start; a finished run "
+            "is returned as it is), 'latest' (must exist) or a checkpoint folder"
+        },
+    )
     trust_checkpoint: bool = field(
         default=False, metadata={"help": "let the resumed checkpoint unpickle any object (only for ones you made)"}
     )

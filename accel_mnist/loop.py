@@ -14,13 +14,15 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
+from . import consensus
 from .config import TrainConfig
 from .data import load_datasets
 from .errors import UsageError
 from .loaders import Loaders
 from .models import build_model, num_parameters
-from .outputs import RunOutputs, check_output_dir
+from .preemption import Preempted, StopSignals
 from .prewarm import prewarm
+from .run_dir import RunDir
 from .runtime import build_accelerator, describe, prepare
 from .versions import versions
 
@@ -34,21 +36,29 @@ def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]
     start = time.perf_counter()
     accelerator = build_accelerator(config)
     try:
-        return _train(accelerator, config, model, start)
+        with StopSignals() as stop:
+            return _train(accelerator, config, model, start, stop)
     finally:
         # Also on failure: trackers close their runs and the process group is torn down.
         accelerator.end_training()
 
 
-def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, start: float) -> dict[str, Any]:
+def _train(
+    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, start: float, stop: StopSignals
+) -> dict[str, Any]:
     strategy = describe(accelerator)
-    resume = ckpt.resolve_checkpoint(config.resume_from, config.output_dir) if config.resume_from else None
-    state = ckpt.read_state(resume) if resume else ckpt.TrainState()
+    run_dir = RunDir(accelerator, config)
+    plan = run_dir.plan()  # agreed by every rank: what --resume-from means here
+    if plan.finished is not None:
+        accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
+        return plan.finished
+    resume = plan.resume
+    state = plan.state or ckpt.TrainState()
+    # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
-    check_output_dir(config, resuming=resume is not None)
 
     set_seed(config.seed)
-    with accelerator.main_process_first():  # the main process downloads, the others then read
+    with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
         train_set, test_set = load_datasets(config.dataset, config.data_dir, download=config.download)
     model_name = config.model if model is None else type(model).__name__
     model = build_model(config.model) if model is None else model
@@ -63,10 +73,14 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     if resume:
-        ckpt.check_compatible(state, strategy, config.to_dict(), resume, total_steps)
+        saved_state, where = state, resume
+        consensus.agree(
+            accelerator, lambda: ckpt.check_compatible(saved_state, strategy, config.to_dict(), where, total_steps)
+        )
+        state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
-    # Only now, with every check passed, is anything in the output directory touched.
-    outputs = RunOutputs(accelerator, config, resume_step=state.step if resume else None)
+    # Only now, with every check passed on every rank, is anything in the output directory touched.
+    run_dir.open(plan)
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
@@ -91,8 +105,12 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
                disable=True if config.quiet or not accelerator.is_main_process else None)  # fmt: skip
 
     def check_finite() -> None:
-        # Collective, so that every rank stops together rather than one waiting for the others.
-        if accelerator.gather(nonfinite_worst.reshape(1)).max().item() >= config.max_nonfinite:
+        # Collective, so that every rank stops together rather than one waiting for the others;
+        # the same gather tells every rank whether any of them was asked to stop by a signal.
+        signalled = torch.full_like(nonfinite_worst, stop.received is not None)
+        worst, signalled = accelerator.gather(torch.stack([nonfinite_worst, signalled]).reshape(1, 2)).amax(0).tolist()
+        stop.agreed = stop.agreed or bool(signalled)
+        if worst >= config.max_nonfinite:
             raise NonFiniteLossError(
                 f"loss was not finite for {config.max_nonfinite} optimizer steps in a row (at step "
                 f"{state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(config.output_dir)}"
@@ -111,7 +129,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
             "steady_samples_per_second": (state.samples - state.warmup_samples) * accelerator.num_processes
             / max(state.train_seconds - state.warmup_seconds, 1e-9),
         }  # fmt: skip
-        outputs.log_metrics(metrics)
+        run_dir.log_metrics(metrics)
         accelerator.log(metrics, step=state.step)
         if not config.quiet:
             accelerator.print(
@@ -123,7 +141,9 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
     def save() -> None:
         check_finite()  # never publish weights that a non-finite loss has already spoilt
         state.loss_sums = accelerator.gather(loss_sum.reshape(1)).tolist()
-        ckpt.save_checkpoint(accelerator, config.output_dir, state, config.keep_checkpoints)
+        saved.append(run_dir.save_checkpoint(state))
+
+    saved: list[Any] = []
 
     def pause_clock(tick: float, then: Any) -> float:
         """Stop the training clock around evaluation and checkpointing, which it must not count."""
@@ -177,8 +197,15 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
                 tick = pause_clock(tick, run_eval)
                 # The accuracy was gathered, so every rank stops at the same step.
                 finished = finished or metrics["test_accuracy"] >= (config.stop_at_accuracy or math.inf)
-            if config.save_checkpoints and (finished or end_of_epoch or _every(state.step, config.checkpoint_every)):
+            due = finished or end_of_epoch or _every(state.step, config.checkpoint_every)
+            if (config.save_checkpoints and due) or stop.agreed:  # a signal: save this step, whatever the schedule
                 tick = pause_clock(tick, save)
+            if stop.agreed and not finished:
+                signal_name = stop.received or "a signal to another rank"
+                # Free the prepared objects first, as at a normal end (see below).
+                accelerator.free_memory(model, optimizer, scheduler, data.train, data.test)
+                run_dir.mark_preempted(signal_name, state.step, saved[-1])
+                raise Preempted(signal_name, state.step, saved[-1])
             if finished:
                 break
     bar.close()
@@ -187,7 +214,7 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
 
         weights = full_state_dict(accelerator, model)  # all ranks: ZeRO-3 gathers the shards
         if accelerator.is_main_process:
-            save_exported(weights, outputs.dir, model_name=model_name, dataset=config.dataset,
+            save_exported(weights, run_dir.dir, model_name=model_name, dataset=config.dataset,
                           extra={"mean": state.mean, "std": state.std, "step": state.step})  # fmt: skip
 
     results = {
@@ -200,11 +227,11 @@ def _train(accelerator: Accelerator, config: TrainConfig, model: nn.Module | Non
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
         **strategy, "data_loader": data.kind, "confusion_matrix": confusion_matrix, "versions": versions(),
     }  # fmt: skip
-    outputs.write_results(results)
+    run_dir.write_results(results)
     if accelerator.is_main_process:
         from .report import write_report  # imports matplotlib only now
 
-        write_report(outputs.dir)
+        write_report(run_dir.dir)
     accelerator.wait_for_everyone()
     # Release the prepared objects before end_training: a gloo worker still holding its DDP
     # model at interpreter exit sometimes aborts ("terminate called without an active exception").

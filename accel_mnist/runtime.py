@@ -19,6 +19,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 
 from .config import TrainConfig
+from .elastic import join_restarted_group
 from .errors import UsageError
 from .launch_checks import FSDP_NEEDS_A_DEVICE, check_strategy, describe_extra, multi_process_device_available
 from .launch_settings import check_launch, env_flag
@@ -63,6 +64,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
             handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
         else:
             kwargs.setdefault("cpu", True)
+    join_restarted_group()  # after a torchrun restart: a process group on fresh store keys
     accelerator = Accelerator(
         # An explicit plugin, with the accumulation check_launch resolved from both sides.
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=grad_accum),

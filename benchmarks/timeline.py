@@ -27,7 +27,7 @@ PHASES = {  # phase name: (module, attribute); the loop looks each up at call ti
     "accelerator": ("accel_mnist.loop", "build_accelerator"),
     "data": ("accel_mnist.loop", "load_datasets"),
     "loaders": ("accel_mnist.loop", "Loaders"),
-    "outputs": ("accel_mnist.loop", "RunOutputs"),
+    "run_dir": ("accel_mnist.loop", "RunDir"),
     "prepare": ("accel_mnist.loop", "prepare"),
     "evaluate": ("accel_mnist.loop", "evaluate"),
     "export": ("accel_mnist.export", "full_state_dict"),

@@ -210,8 +210,14 @@ def test_resume_refuses_another_world_size(config):
     state = json.loads((last / ckpt.STATE_FILE).read_text())
     state["strategy"]["num_processes"] = 2
     (last / ckpt.STATE_FILE).write_text(json.dumps(state))
-    with pytest.raises(UsageError, match="num_processes=2 but this run has num_processes=1"):
+    # Another number of processes is refused only where the global batch changes with it.
+    with pytest.raises(UsageError, match=r"global batch of 128 \(batch_size 64 x grad_accum 1 x 2 processes\) "
+                       r"but this run has 64; with 1 processes pass --batch-size 128 to keep it"):  # fmt: skip
         train(config.replace(resume_from="latest"))
+    state["strategy"]["zero_stage"] = 2
+    (last / ckpt.STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(UsageError, match="zero_stage=2 but this run has zero_stage=0"):
+        train(config.replace(resume_from="latest", batch_size=128))
 
 
 def test_resume_refuses_another_model(config):
@@ -344,7 +350,7 @@ def test_two_process_persistent_nan_stops_every_rank(strategy, config, tmp_path)
 def test_a_fresh_run_does_not_start_over_an_earlier_runs_checkpoints(config):
     train(config.replace(max_steps=20))
     (Path(config.output_dir) / "results.json").unlink()  # as if it had been killed
-    with pytest.raises(UsageError, match=r"already holds checkpoints \(step_20\).*--resume-from latest"):
+    with pytest.raises(UsageError, match=r"already holds checkpoints \(step_20\).*--resume-from auto"):
         train(config)
     train(config.replace(overwrite=True, max_steps=40, checkpoint_every=0))  # --overwrite: a new run
     assert [p.name for p in ckpt.list_checkpoints(config.output_dir)] == ["step_40"]

@@ -85,15 +85,16 @@ def test_launcher_resolves_a_static_two_node_rendezvous(name, monkeypatch):
     assert (args.main_process_ip, args.main_process_port) == ("MAIN_NODE_IP", 29500)
 
 
-def launch_two_machines(launch_args, out_dirs, timeout=300):
-    """Start machine 0 and machine 1 together; each writes to its own output directory."""
+def launch_two_machines(launch_args, out_dirs, *extra, data_dirs=(MNIST_DIR, MNIST_DIR), timeout=300):
+    """Start machine 0 and machine 1 together, machine R writing to out_dirs[R] (the same path
+    twice stands for shared storage)."""
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
     port = free_port()
     procs = []
-    for rank, out in enumerate(out_dirs):
+    for rank, (out, data) in enumerate(zip(out_dirs, data_dirs, strict=True)):
         cmd = [str(accelerate), "launch", *launch_args, *machine_args(rank, port), "-m", "accel_mnist", "train",
-               *TRAIN_ARGS, "--output-dir", str(out), "--quiet"]  # fmt: skip
+               *TRAIN_ARGS, "--output-dir", str(out), "--data-dir", str(data), "--quiet", *extra]  # fmt: skip
         procs.append(
             subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
         )
@@ -129,21 +130,56 @@ def reference(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, distributed_type, zero_stage", [("ddp", "MULTI_CPU", 0), ("zero2", "DEEPSPEED", 2)])
 def test_two_machines_match_one_machine(reference, tmp_path, name, distributed_type, zero_stage):
-    machine0, machine1 = tmp_path / "machine0", tmp_path / "machine1"
-    for rank, (code, err) in enumerate(launch_two_machines(MULTINODE[name], [machine0, machine1])):
+    shared = tmp_path / "shared"
+    for rank, (code, err) in enumerate(launch_two_machines(MULTINODE[name], [shared, shared])):
         assert code == 0, f"machine {rank} failed:\n{err[-4000:]}"
-    results = json.loads((machine0 / "results.json").read_text())
+    results = json.loads((shared / "results.json").read_text())
     assert (results["distributed_type"], results["num_processes"], results["zero_stage"]) == (
         distributed_type, 2, zero_stage)  # fmt: skip
     assert results["mixed_precision"] == "no" and results["steps"] == 20
-    # Only the global main process (rank 0, on machine 0) writes the run's files; machine 1's
-    # process is its machine's local main but writes none of them.
-    written = {p.name for p in machine1.rglob("*")} if machine1.exists() else set()
-    assert not written & {"config.json", "metrics.jsonl", "results.json"}, written
-    rows, ref = read_rows(machine0), reference
+    assert not list(shared.glob(".accel_mnist_probe_*"))  # the shared-storage probe is cleaned up
+    rows, ref = read_rows(shared), reference
     assert [r["step"] for r in rows] == [r["step"] for r in ref] == [10, 20]
     for row, ref_row in zip(rows, ref, strict=True):
         assert row["test_samples"] == ref_row["test_samples"] == 10000
         assert row["test_accuracy"] == ref_row["test_accuracy"]
         for key in ("train_loss", "test_loss", "lr"):
             assert row[key] == pytest.approx(ref_row[key], rel=1e-6), key
+
+
+def one_error_line(code: int, err: str) -> str:
+    """The `error:` line of a machine whose one worker stopped with exit code 2 (torchrun: 1)."""
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 1 and len(lines) == 1 and "exitcode  : 2" in err, err[-4000:]
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_machines_without_shared_storage_stop_together_with_one_error(tmp_path, mnist_dir):
+    machine0, machine1 = tmp_path / "machine0", tmp_path / "machine1"
+    results = launch_two_machines(MULTINODE["ddp"], [machine0, machine1])
+    lines = {one_error_line(code, err) for code, err in results}
+    assert len(lines) == 1 and "is not shared by every node" in lines.pop()
+    assert not (machine0 / "checkpoints").exists() and not (machine0 / "config.json").exists()
+    # A resume decided on each node alone would stop only the node without checkpoints (the
+    # other entering a collective); agreed, both stop with the first rank's error.
+    (machine0 / "checkpoints" / "step_10").mkdir(parents=True)
+    (machine0 / "checkpoints" / "step_10" / "trainer_state.json").write_text("{}")
+    results = launch_two_machines(MULTINODE["ddp"], [machine0, machine1], "--resume-from", "latest")
+    lines = {one_error_line(code, err) for code, err in results}
+    assert len(lines) == 1 and f"no complete checkpoint in {machine1 / 'checkpoints'}" in lines.pop()
+
+
+@pytest.mark.slow
+def test_node_local_data_directories_are_read_by_each_node(tmp_path, mnist_dir):
+    shared, data = tmp_path / "shared", [tmp_path / "data0", tmp_path / "data1"]
+    for d in data:  # a copy per "node" (links to the same files)
+        d.mkdir()
+        for f in mnist_dir.iterdir():
+            (d / f.name).symlink_to(f)
+    results = launch_two_machines(MULTINODE["ddp"], [shared, shared], "--max-steps", "5", data_dirs=data)
+    for rank, (code, err) in enumerate(results):
+        assert code == 0, f"machine {rank} failed:\n{err[-4000:]}"
+        assert f"data directory {data[rank]} is not shared by every node" in err, err[-3000:]
+    assert not [p for d in data for p in d.glob(".accel_mnist_probe_*")]
+    assert json.loads((shared / "results.json").read_text())["steps"] == 5

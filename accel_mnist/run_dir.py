@@ -1,0 +1,173 @@
+"""The output directory of one run, owned in one place.
+
+The loop talks to a RunDir only: the checks before anything is written (what --resume-from
+means here, whether the directory holds an earlier run), agreed by every rank so that all
+nodes stop together with the same error; then config, metrics, results, checkpoints and the
+preemption marker, each written by the process that should write it. Every node must see the
+same directory: checkpoints hold one file per rank and results are written by rank 0 alone,
+so a directory that is not shared is refused before training starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from . import checkpoint as ckpt
+from . import outputs
+from .config import TrainConfig
+from .consensus import agree, gather_ints, seen_by_every_node
+from .data import resolve_data_dir
+from .errors import UsageError
+from .preemption import MARKER_FILE
+
+# Settings whose change turns a finished run into another run: auto then does not return it.
+_FINISHED_KEYS = (*ckpt.MUST_MATCH, "batch_size", "epochs", "max_steps", "stop_at_accuracy")
+_FRESH, _RESUME, _FINISHED = 0, 1, 2
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    """What this start of the command does: resume from `resume`, start fresh, or nothing
+    (`finished` holds the results of a run that is already complete)."""
+
+    resume: Path | None = None
+    state: ckpt.TrainState | None = None
+    finished: dict[str, Any] | None = None
+
+
+class RunDir:
+    """`config.output_dir` as the loop sees it."""
+
+    def __init__(self, accelerator: Accelerator, config: TrainConfig) -> None:
+        self.accelerator, self.config = accelerator, config
+        self.dir = Path(config.output_dir)
+
+    # -- before anything is written ---------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """Resolve --resume-from and check the directory, on every rank; the same answer (or
+        the same UsageError) everywhere, or an error saying the ranks see different things."""
+        plan = agree(self.accelerator, self._plan_here)
+        kind = _FINISHED if plan.finished is not None else _RESUME if plan.resume else _FRESH
+        step = plan.state.step if plan.state else -1
+        seen = gather_ints(self.accelerator, [kind, step])
+        if any(row != seen[0] for row in seen):
+            views = ", ".join(f"rank {r}: {_describe(*row)}" for r, row in enumerate(seen))
+            raise UsageError(
+                f"the processes see different runs in {self.dir} ({views}); "
+                "--output-dir must be on storage that every node shares"
+            )
+        return plan
+
+    def _plan_here(self) -> Plan:
+        config = self.config
+        if config.resume_from == "auto" and not config.overwrite and (results := self._finished_results()):
+            return Plan(finished=results)
+        resume = ckpt.resolve_checkpoint(config.resume_from, self.dir) if config.resume_from else None
+        self._check_fresh_start(resuming=resume is not None)
+        return Plan(resume=resume, state=ckpt.read_state(resume) if resume else None)
+
+    def _finished_results(self) -> dict[str, Any] | None:
+        results = outputs.read_json(self.dir / outputs.RESULTS_FILE)
+        saved = outputs.read_json(self.dir / outputs.CONFIG_FILE)
+        if not isinstance(results, dict) or not isinstance(saved, dict):
+            return None
+        now = self.config.to_dict()
+        return results if all(saved.get(k) == now[k] for k in _FINISHED_KEYS) else None
+
+    def _check_fresh_start(self, resuming: bool) -> None:
+        """Refuse to start afresh over an earlier run's results or checkpoints."""
+        results = self.dir / outputs.RESULTS_FILE
+        earlier = ckpt.list_checkpoints(self.dir)
+        if resuming or self.config.overwrite or not (results.exists() or earlier):
+            return
+        what = f"a finished run ({outputs.RESULTS_FILE})" if results.exists() else f"checkpoints ({earlier[-1].name})"
+        raise UsageError(
+            f"{self.dir} already holds {what}; pass --resume-from auto to continue it, "
+            "--overwrite to replace it, or choose another --output-dir"
+        )
+
+    @contextmanager
+    def data_first(self) -> Iterator[None]:
+        """The data is read (and downloaded where missing) by one process per copy of the data
+        directory first: the main process when every node shares it, else each node's own."""
+        data_dir = resolve_data_dir(self.config.data_dir)
+        shared = seen_by_every_node(self.accelerator, data_dir)
+        if not shared and self.accelerator.is_local_main_process:
+            logger.info(f"data directory {data_dir} is not shared by every node: this node reads it on its own")
+        first = self.accelerator.main_process_first if shared else self.accelerator.local_main_process_first
+        with first():
+            yield
+
+    # -- from here on the directory is written ----------------------------------------------
+
+    def open(self, plan: Plan) -> None:
+        """Create the directory, check that every node sees it, and clear what this run replaces:
+        after a resume, the checkpoints and metrics rows past its step; otherwise all of them."""
+        acc = self.accelerator
+        resume_step = plan.state.step if plan.state else None
+
+        def create() -> None:
+            try:  # on every rank (exist_ok), so that a failure stops them all alike
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UsageError(f"cannot create output directory {self.dir}: {e.strerror}") from None
+
+        agree(acc, create)
+        shared = seen_by_every_node(acc, self.dir)
+
+        def refuse_unshared() -> None:  # raised by rank 0, so that every node prints rank 0's path
+            if not shared and acc.is_main_process:
+                raise UsageError(
+                    f"--output-dir {self.dir} is not shared by every node (a file written there by rank 0 "
+                    "is missing on another node); put it on a filesystem that all nodes mount"
+                )
+
+        agree(acc, refuse_unshared)
+        if acc.is_main_process:
+            earlier = ckpt.list_checkpoints(self.dir)
+            if resume_step is None:  # --overwrite: the earlier run's checkpoints go too
+                shutil.rmtree(ckpt.checkpoint_dir(self.dir), ignore_errors=True)
+            else:  # checkpoints after the resume point belong to a future that is rewritten
+                for later in earlier:
+                    if ckpt.step_of(later) > resume_step:
+                        shutil.rmtree(later, ignore_errors=True)
+            outputs.write_json_atomic(self.dir / outputs.CONFIG_FILE, self.config.to_dict())
+            outputs.truncate_metrics(self.dir, resume_step)
+            (self.dir / outputs.RESULTS_FILE).unlink(missing_ok=True)
+            (self.dir / MARKER_FILE).unlink(missing_ok=True)
+        acc.wait_for_everyone()
+
+    def log_metrics(self, row: dict[str, Any]) -> None:
+        """Append one evaluation's metrics (main process)."""
+        if self.accelerator.is_main_process:
+            outputs.append_metrics(self.dir, row)
+
+    def save_checkpoint(self, state: ckpt.TrainState) -> Path:
+        """A complete checkpoint of the current step (all ranks)."""
+        return ckpt.save_checkpoint(self.accelerator, self.dir, state, self.config.keep_checkpoints)
+
+    def mark_preempted(self, signal_name: str, step: int, checkpoint: Path) -> None:
+        """Leave `preempted.json` for a requeue script: the launcher's own exit code is torchrun's."""
+        if self.accelerator.is_main_process:
+            info = {"signal": signal_name, "step": step, "checkpoint": str(checkpoint)}
+            outputs.write_json_atomic(self.dir / MARKER_FILE, info)
+        self.accelerator.wait_for_everyone()
+
+    def write_results(self, results: dict[str, Any]) -> None:
+        """Write results.json atomically (main process)."""
+        if self.accelerator.is_main_process:
+            outputs.write_json_atomic(self.dir / outputs.RESULTS_FILE, results)
+
+
+def _describe(kind: int, step: int) -> str:
+    return {_FRESH: "no checkpoint", _RESUME: f"step_{step}", _FINISHED: "a finished run"}.get(kind, "?")
