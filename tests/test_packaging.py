@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from safetensors.torch import load_file
 from accel_mnist.cli import main
 from conftest import CONFIGS, REPO, accelerate_launch
 
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11, as .ci/floors.py
 RECIPES = REPO / "recipes"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -61,8 +61,9 @@ def test_configs_lists_every_file_and_prints_one_unchanged(capsys):
     listing = capsys.readouterr().out
     for file in _shipped_files():
         assert re.search(rf"^  (recipes/|accelerate_configs/)?{file.stem}\b", listing, re.M), file.name
-    for name, file in [("zero2", "zero2.yaml"), ("zero2.yaml", "zero2.yaml"), ("accelerate_configs/zero2", "zero2.yaml"),
-                       ("deepspeed_config.json", "deepspeed_config.json")]:  # fmt: skip
+    names = [("zero2", "zero2.yaml"), ("zero2.yaml", "zero2.yaml"), ("accelerate_configs/zero2", "zero2.yaml"),
+             ("deepspeed_config.json", "deepspeed_config.json")]  # fmt: skip
+    for name, file in names:
         assert main(["configs", name]) == 0
         assert capsys.readouterr().out == (CONFIGS / file).read_text(), name
 
@@ -91,9 +92,8 @@ def _synthetic_hf_dataset(root: Path, n_train: int, n_test: int) -> Path:
     train, _, _ = split(n_train)
     test, test_images, test_labels = split(n_test)
     path = root / "synthetic"
-    datasets.DatasetDict(
-        train=datasets.Dataset.from_dict(train), test=datasets.Dataset.from_dict(test)
-    ).save_to_disk(str(path))
+    splits = {"train": datasets.Dataset.from_dict(train), "test": datasets.Dataset.from_dict(test)}
+    datasets.DatasetDict(splits).save_to_disk(str(path))
     np.save(root / "test_images.npy", test_images)
     np.save(root / "test_labels.npy", test_labels)
     return path
@@ -190,9 +190,9 @@ def test_wheel_carries_the_configs_and_recipes_outside_the_clone(tmp_path):
 
     data = _synthetic_hf_dataset(tmp_path, 256, 64)
     accelerate = Path(sys.executable).with_name("accelerate")
-    run = subprocess.run([str(accelerate), "launch", "--config_file", "cpu.yaml", "-m", "accel_mnist", "train",
-                          "--dataset", f"hf:{data}", "--model", "linear", "--max-steps", "3", "--quiet",
-                          "--output-dir", "run"], capture_output=True, text=True, cwd=work, env=env, timeout=600)  # fmt: skip
+    cmd = [str(accelerate), "launch", "--config_file", "cpu.yaml", "-m", "accel_mnist", "train", "--quiet",
+           "--dataset", f"hf:{data}", "--model", "linear", "--max-steps", "3", "--output-dir", "run"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((work / "run" / "results.json").read_text())
     assert results["steps"] == 3 and results["num_processes"] == 1 and results["distributed_type"] == "NO"
