@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import zipfile
@@ -99,6 +100,13 @@ def _synthetic_hf_dataset(root: Path, n_train: int, n_test: int) -> Path:
     return path
 
 
+def _free_port() -> int:
+    # Others' launches on this machine may hold accelerate's default port 29500.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _cli(*args, cwd=REPO, env=ENV, python=sys.executable):
     return subprocess.run([python, "-m", "accel_mnist", *args], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=600)  # fmt: skip
@@ -123,6 +131,7 @@ def test_end_to_end_at_the_installed_versions(tmp_path, write_idx):
         "ddp": ["--config_file", str(CONFIGS / "multi_cpu.yaml")],
         "zero2": ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"],
     }.items():
+        launch += ["--main_process_port", str(_free_port())]
         proc, results = accelerate_launch(launch, [*common, "--grad-accum", "4"], tmp_path / name)
         assert proc.returncode == 0, f"{name}:\n{proc.stderr[-4000:]}"
         assert results["steps"] == 6 and results["num_processes"] == 2
