@@ -29,6 +29,8 @@ _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def _folder(name: str) -> Traversable | None:
+    # A checkout first: setuptools' editable finder maps accel_mnist to the checkout but not the
+    # folders setup.py maps into it, and a PYTHONPATH run has no package data at all.
     if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "accel_mnist").is_dir():
         folder: Traversable = _CHECKOUT / name
     else:
