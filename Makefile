@@ -11,7 +11,7 @@ ACCELERATE_CONFIG ?=
 TRAIN_ARGS ?= --model cnn --epochs 1 --output-dir outputs/cnn --overwrite
 PYTEST_ARGS ?=
 
-.PHONY: train test lint clean
+.PHONY: train test test-floors lint clean
 train: $(VENV)/.installed
 	$(BIN)/accelerate launch $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) -m accel_mnist train $(TRAIN_ARGS)
 
@@ -24,10 +24,24 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# The floor job: every dependency at its pyproject.toml lower bound (.ci/floors.py pins them; needs
+# Python >= 3.11 for tomllib) in a venv of its own, and the end-to-end tests that exercise them.
+FLOOR_VENV ?= .venv-floors
+FLOOR_TESTS ?= tests/test_packaging.py tests/test_hf_data.py::test_array_columns_are_found_by_type
+test-floors: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/pytest $(PYTEST_ARGS) -k "not wheel" $(FLOOR_TESTS)
+
+$(FLOOR_VENV)/.installed: pyproject.toml setup.py .ci/floors.py
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(PYTHON) .ci/floors.py > $(FLOOR_VENV)/floors.txt
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -c $(FLOOR_VENV)/floors.txt -e . pytest
+	$(FLOOR_VENV)/bin/python -m pip list --format freeze > $(FLOOR_VENV)/installed.txt
+	touch $@
+
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) $(FLOOR_VENV) outputs

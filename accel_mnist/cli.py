@@ -87,7 +87,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # Modules that add their own subcommands through `register(subparsers)`.
-SUBCOMMAND_MODULES = ("predict", "report")
+SUBCOMMAND_MODULES = ("predict", "report", "configs")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

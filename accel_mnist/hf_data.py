@@ -105,7 +105,12 @@ def _load(spec: str, name: str, download: bool) -> Any:
 
 
 def _is_2d_array(feature: Any) -> bool:
-    from datasets import Array2D, LargeList, List, Value
+    from datasets import Array2D, LargeList, Value
+
+    try:
+        from datasets import List
+    except ImportError:  # datasets < 4 calls the list feature Sequence
+        from datasets import Sequence as List  # type: ignore[assignment,no-redef]
 
     if isinstance(feature, Array2D):
         return True
