@@ -399,6 +399,7 @@ def test_dynamo_under_fsdp_on_a_gpu(case, tmp_path):
 @pytest.mark.usefixtures("mnist_dir")
 def test_dynamo_with_fsdp1_flat_params_is_refused_on_a_gpu(tmp_path):
     launch = [*GPU_CASES["fsdp1_flat_params"], "--num_processes", "1", "--dynamo_backend", "inductor"]
+    launch += ["--main_process_port", "0"]
     proc, results = accelerate_launch(launch, GPU_ARGS, tmp_path / "run")
     assert results is None and "exitcode: 2" in proc.stderr
     assert "error: torch dynamo with FSDP1 needs fsdp_use_orig_params: true" in proc.stderr
