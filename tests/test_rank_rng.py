@@ -71,6 +71,7 @@ def test_dropout_masks_differ_across_ranks_but_weights_do_not(tmp_path, mnist_di
         assert 0.1 < sum(seen) / len(seen) < 0.9  # masks drawn independently: about p(1-p)*2
 
 
+@pytest.mark.slow  # DataLoader worker processes, three runs
 def test_torch_loader_epoch_order_is_independent_of_its_history(tmp_path, mnist_dir):
     """--num-workers 2: stopped mid-epoch 2 and resumed, the weights equal an uninterrupted run's."""
     base = TrainConfig(model="linear", data_dir=str(mnist_dir), download=False, quiet=True, export=False,
