@@ -113,23 +113,24 @@ def test_another_number_of_processes_needs_the_same_global_batch():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch", [None, DDP], ids=["single", "ddp"])
-def test_sigterm_saves_the_current_step_and_auto_resumes_exactly(launch, tmp_path, mnist_dir):
+@pytest.mark.parametrize("launch, sig", [(None, signal.SIGTERM), (DDP, signal.SIGTERM), (None, signal.SIGUSR1)],
+                         ids=["single", "ddp", "single-sigusr1"])  # fmt: skip
+def test_a_signal_saves_the_current_step_and_auto_resumes_exactly(launch, sig, tmp_path, mnist_dir):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     proc = run(command(launch, whole))
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc, log = start_and_wait_for(command(launch, broken, "--resume-from", "auto"), broken, 20)
     # To the launcher, as Kubernetes does; torchrun passes it on to every worker.
-    os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid, sig)
     try:
         code = proc.wait(timeout=60)
     finally:
         kill_tree(proc.pid)
     marker = json.loads((broken / MARKER_FILE).read_text())
-    assert 20 < marker["step"] < 120 and marker["signal"] == "SIGTERM", marker
+    assert 20 < marker["step"] < 120 and marker["signal"] == sig.name, marker
     assert ckpt.list_checkpoints(broken)[-1].name == f"step_{marker['step']}"
     err = log.read_text()
-    assert f"preempted by SIGTERM at step {marker['step']}" in err, err[-3000:]
+    assert f"preempted by {sig.name} at step {marker['step']}" in err, err[-3000:]
     # The workers exit 75; torchrun re-raises the signal it got and exits 1.
     assert code == (EXIT_PREEMPTED if launch is None else 1), err[-3000:]
     proc = run(command(launch, broken, "--resume-from", "auto"))
