@@ -176,7 +176,8 @@ def run_suite(name: str, out: Path, recipe: str | None = None, budget: float = f
                   file=sys.stderr, flush=True)  # fmt: skip
     hw = benchlib.hardware()
     return {"suite": name, "date": benchlib.utc_now(), "hardware": hw, "hardware_label": benchlib.hardware_label(hw),
-            "versions": benchlib.versions(), "command": benchlib.command_line(), "recipe": recipe,
+            "versions": benchlib.versions(), "command": shlex.join(["python", "-m", "benchmarks", *sys.argv[1:]]),
+            "recipe": recipe,
             "rows": suite["rows"], "ratios": suite.get("ratios", []), "runs": records, "skipped": skipped,
             "suite_seconds": time.perf_counter() - start}  # fmt: skip
 

@@ -201,3 +201,15 @@ def test_run_once_fills_runs_parses_and_cleans_up(tmp_path):
     assert not (tmp_path / "runs" / "fake-0").exists()  # parsed, then the run's folder goes
     failing = {**row, "cmd": ["{python}", "-c", "raise SystemExit(3)"]}
     assert runner.run_once(failing, {"index": 1, "seed": 0}, ctx, tmp_path, timeout=120)["rc"] == 3
+
+
+def test_plot_curves_draws_every_run_of_the_named_rows(tmp_path):
+    def run(row, curve):
+        return {"row": row, "rc": 0, "parsed": {"curve": curve}}
+
+    record = {"hardware_label": "1x test GPU", "date": "2026-12-01T00:00:00Z",
+              "runs": [run("recipe", [(0.1, 0.95, 10), (0.3, 0.991, 30)]), run("recipe_plain", [(0.2, 0.97, 10)]),
+                       run("other", [(1.0, 0.9, 5)]), {"row": "recipe", "rc": 1}]}  # fmt: skip
+    path = report.plot_curves(record, ["recipe", "recipe_plain"], tmp_path / "curves.png")
+    assert path == tmp_path / "curves.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.plot_curves(record, ["missing"], tmp_path / "none.png") is None
