@@ -32,7 +32,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 # The floor job: every dependency at its pyproject.toml lower bound (.ci/floors.py pins them; needs
 # Python >= 3.11 for tomllib) in a venv of its own, and the end-to-end tests that exercise them.
 FLOOR_VENV ?= .venv-floors
-FLOOR_TESTS ?= tests/test_packaging.py tests/test_hf_data.py::test_array_columns_are_found_by_type
+FLOOR_TESTS ?= tests/test_packaging.py tests/test_hf_data.py::test_array_columns_are_found_by_type \
+	tests/test_predict.py::test_sixteen_bit_picture
 test-floors: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/pytest $(PYTEST_ARGS) -k "not wheel" $(FLOOR_TESTS)
 
