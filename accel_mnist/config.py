@@ -106,6 +106,12 @@ class TrainConfig:
         default=10, metadata={"help": "stop after this many optimizer steps in a row with a non-finite loss"}
     )
     export: bool = field(default=True, metadata={"help": "write model.safetensors at the end"})
+    plots: bool = field(
+        default=True,
+        metadata={
+            "help": "draw training_curves.png and confusion_matrix.png at the end (or later: accel-mnist report)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.validate()

@@ -228,7 +228,7 @@ def _train(
         **strategy, "data_loader": data.kind, "confusion_matrix": confusion_matrix, "versions": versions(),
     }  # fmt: skip
     run_dir.write_results(results)
-    if accelerator.is_main_process:
+    if config.plots and accelerator.is_main_process:
         from .report import write_report  # imports matplotlib only now
 
         write_report(run_dir.dir)

@@ -175,7 +175,7 @@ def test_runner_refuses_a_missing_recipe(capsys, tmp_path):
 
 def test_plain_pytorch_follows_a_recipe_and_flags_win(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("model: mlp\nbatch_size: 512\nlr: 0.01\nscheduler: onecycle\neval_every: 10\nwarmup: true\n")
+    recipe.write_text("model: mlp\nbatch_size: 512\nlr: 0.01\nscheduler: onecycle\neval_every: 10\nprewarm: true\n")
     args = plain_pytorch.parse_args(["--config", str(recipe), "--lr", "0.002"])
     assert (args.model, args.batch_size, args.lr, args.scheduler, args.eval_every) == (
         "mlp",

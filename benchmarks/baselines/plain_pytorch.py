@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--config",
         default=None,
         help="an accel_mnist recipe (YAML): its model, batch_size, lr, epochs, max_steps, scheduler, "
-        "eval_every, stop_at_accuracy, seed and warmup become the defaults; other keys are listed as ignored",
+        "eval_every, stop_at_accuracy, seed and prewarm become the defaults; other keys are listed as ignored",
     )
     args = p.parse_args(argv)
     args.recipe_ignored = []
@@ -84,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 RECIPE_KEYS = ("model", "batch_size", "lr", "epochs", "max_steps", "scheduler", "eval_every", "stop_at_accuracy",
-               "seed", "warmup")  # fmt: skip
+               "seed", "prewarm")  # fmt: skip
 
 
 def recipe_defaults(path: str) -> tuple[dict, list[str]]:
@@ -94,7 +94,9 @@ def recipe_defaults(path: str) -> tuple[dict, list[str]]:
     recipe = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(recipe, dict):
         raise SystemExit(f"error: {path}: expected a mapping of training-config keys")
-    return {k: v for k, v in recipe.items() if k in RECIPE_KEYS}, sorted(k for k in recipe if k not in RECIPE_KEYS)
+    # accel_mnist's `prewarm` is this loop's --warmup.
+    known = {("warmup" if k == "prewarm" else k): v for k, v in recipe.items() if k in RECIPE_KEYS}
+    return known, sorted(k for k in recipe if k not in RECIPE_KEYS)
 
 
 def sync(device: torch.device) -> None:
@@ -201,7 +203,7 @@ def run(args) -> dict:
 
     model.train()
     if args.warmup:
-        # As accel_mnist's `warmup: true`: one untimed step on a copy (kernel loading and cuDNN's
+        # As accel_mnist's `prewarm: true`: one untimed step on a copy (kernel loading and cuDNN's
         # choices leave the clock; the trained weights are untouched).
         import copy
 
