@@ -130,3 +130,21 @@ def test_stop_at_accuracy_ends_the_run_at_the_first_evaluation_that_reaches_it(c
     rows = read_metrics(config)
     assert results["test_accuracy"] >= 0.85 > max(r["test_accuracy"] for r in rows[:-1])
     assert results["steps"] == rows[-1]["step"] < 938
+
+
+@pytest.mark.parametrize("plots", [True, False])
+def test_plots_can_be_left_for_later(config, plots):
+    from pathlib import Path
+
+    train(config.replace(plots=plots, max_steps=5, eval_every=0))
+    drawn = {p.name for p in Path(config.output_dir).glob("*.png")}
+    assert drawn == ({"training_curves.png", "confusion_matrix.png"} if plots else set())
+
+
+def test_the_fast_recipe_file_is_a_valid_training_config():
+    from accel_mnist.cli import config_from_args
+    from conftest import REPO
+
+    args = type("Args", (), {"config": str(REPO / "recipes" / "fast99.yaml")})()
+    recipe = config_from_args(args)  # type: ignore[arg-type]
+    assert recipe.model == "bncnn" and recipe.prewarm and not recipe.plots and recipe.stop_at_accuracy == 0.99
