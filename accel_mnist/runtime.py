@@ -24,6 +24,7 @@ from .errors import UsageError
 from .launch_checks import FSDP_NEEDS_A_DEVICE, check_strategy, describe_extra, multi_process_device_available
 from .launch_settings import check_launch, env_flag
 from .optim import build_optimizer, build_scheduler, check_deepspeed_optim
+from .step_path import direct_steps
 
 logger = get_logger(__name__)
 
@@ -145,7 +146,7 @@ def prepare(
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if accelerator.mixed_precision == "fp8":
         _report_fp8(accelerator, model)
-    return model, optimizer, scheduler
+    return model, direct_steps(accelerator, optimizer), scheduler
 
 
 _FP8_MODULES = ("torchao.", "transformer_engine.", "msamp.")

@@ -1,0 +1,53 @@
+"""A direct optimizer step where Accelerate's would only add per-step lookups.
+
+accelerate 1.15's `AcceleratedOptimizer.step` asks `is_lomo_available()` twice (a module
+search over sys.path) and `zero_grad` calls `inspect.signature` on every step: 0.2-0.3 ms of a
+0.25-0.5 ms step for the linear model at batch 64 on 2 CPU threads. Where those calls decide
+nothing (no grad scaler, no XLA, DeepSpeed or FSDP, an optimizer that is not LOMO), the loop
+steps the wrapped torch optimizer itself, through public attributes only (`.optimizer`,
+`.scaler`, `accelerator.sync_gradients`); everything else still goes through Accelerate.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+
+_PLAIN = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+class DirectStep:
+    """The prepared optimizer, with `step` and `zero_grad` as Accelerate would do them here."""
+
+    def __init__(self, prepared: Any, accelerator: Accelerator) -> None:
+        self._prepared, self._inner, self._accelerator = prepared, prepared.optimizer, accelerator
+        self._set_to_none = "set_to_none" in inspect.signature(self._inner.zero_grad).parameters
+
+    def step(self, closure: Any = None) -> None:
+        """Step the torch optimizer at an accumulation boundary, as AcceleratedOptimizer does."""
+        if self._accelerator.sync_gradients:
+            self._inner.step(closure)
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Zero the gradients at an accumulation boundary (set to None, Accelerate's default)."""
+        if not self._set_to_none or set_to_none is not None:
+            self._prepared.zero_grad(set_to_none)
+        elif self._accelerator.sync_gradients:
+            self._inner.zero_grad(set_to_none=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._prepared, name)
+
+
+def direct_steps(accelerator: Accelerator, prepared: Any) -> Any:
+    """`DirectStep(prepared)` where that changes nothing but the cost, else `prepared` itself."""
+    inner = getattr(prepared, "optimizer", None)
+    plain = (
+        accelerator.distributed_type in _PLAIN
+        and getattr(prepared, "scaler", True) is None
+        and type(inner).__module__.startswith("torch.optim")
+    )
+    return DirectStep(prepared, accelerator) if plain else prepared
