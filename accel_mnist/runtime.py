@@ -3,7 +3,8 @@
 This is the one place that knows about strategies: it reconciles the accelerate config
 (DDP, DeepSpeed or FSDP, ZeRO stage, offload, mixed precision, dynamo) with the TrainConfig
 (batch size, accumulation, clipping), so that the training loop never has to ask which
-strategy runs. What Accelerate set up is checked against the launch in launch_checks.py.
+strategy runs. What the launcher and accelerate config ask for is read in launch_settings.py
+(before the Accelerator exists); what Accelerate then set up is checked in strategy_checks.py.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitPr
 from .config import TrainConfig
 from .elastic import join_restarted_group
 from .errors import UsageError
-from .launch_checks import FSDP_NEEDS_A_DEVICE, check_strategy, describe_extra, multi_process_device_available
 from .launch_settings import check_launch, env_flag
 from .optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .step_path import direct_steps
+from .strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy, describe_extra, multi_process_device_available
 
 logger = get_logger(__name__)
 

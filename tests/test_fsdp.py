@@ -30,8 +30,8 @@ from accel_mnist import TrainConfig, load_model
 from accel_mnist import checkpoint as ckpt
 from accel_mnist.checkpoint_weights import FSDP_FULL, FSDP_SHARDED, checkpoint_weights
 from accel_mnist.errors import UsageError
-from accel_mnist.launch_checks import FSDP_NEEDS_A_DEVICE, check_strategy
 from accel_mnist.runtime import build_accelerator, prepare
+from accel_mnist.strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy
 from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
 
 no_gpu_only = pytest.mark.skipif(is_cuda_available(), reason="about machines without a GPU")
