@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .errors import UsageError, one_line
-from .safe_load import allowed_globals, refusal, weights_only_loads
+from .safe_load import MAX_METADATA_BYTES, allowed_globals, check_dcp_metadata, refusal, weights_only_loads
 
 # What accelerate 1.15's save_state writes for the first prepared model: SAFE_WEIGHTS_NAME
 # (pytorch_model.bin only with safe_serialization=False, which this project never asks for);
@@ -31,9 +31,6 @@ ACCELERATE_WEIGHTS = "model.safetensors"
 DEEPSPEED_TAG = "pytorch_model"
 FSDP_FULL = "pytorch_model_fsdp.bin"
 FSDP_SHARDED = "pytorch_model_fsdp_0"
-# A DCP .metadata lists every tensor's chunks: kilobytes for these models. The cap keeps a
-# hostile file from exhausting memory before it is even checked.
-MAX_METADATA_BYTES = 64 << 20
 
 
 def checkpoint_weights(ckpt: Path, trust: bool = False) -> dict[str, Any]:
@@ -87,7 +84,7 @@ def _fsdp_sharded_weights(shard_dir: Path) -> dict[str, Any]:
     if metadata.stat().st_size > MAX_METADATA_BYTES:
         raise UsageError(f"{metadata}: {metadata.stat().st_size} bytes, more than a checkpoint's metadata can need")
     raw = metadata.read_bytes()
-    _check_dcp_metadata(raw, metadata)
+    check_dcp_metadata(raw, metadata)
     with tempfile.TemporaryDirectory(prefix="accel_mnist_fsdp_") as tmp:
         # torch.distributed.checkpoint unpickles .metadata with plain pickle.load: merge from a
         # folder whose .metadata is the copy checked above (so the file cannot change between
@@ -108,43 +105,6 @@ def _fsdp_sharded_weights(shard_dir: Path) -> dict[str, Any]:
         except (OSError, RuntimeError, ValueError, KeyError) as e:
             raise UsageError(f"{shard_dir}: incomplete or unreadable FSDP checkpoint: {one_line(e)}") from None
         return read_safetensors(merged / ACCELERATE_WEIGHTS)
-
-
-# What torch 2.13-2.14 pickles into a DCP .metadata (seen for FSDP2 sharded model states).
-_DCP_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
-_DCP_ALLOWED = {
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "PureWindowsPath"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = (module, name) in _DCP_ALLOWED or module == _DCP_METADATA_MODULE
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            allowed = True  # dtypes pickle as torch.float32 and the like
-        if not allowed:
-            raise pickle.UnpicklingError(f"GLOBAL {module}.{name} was not an allowed global")
-        return super().find_class(module, name)
-
-
-def _check_dcp_metadata(raw: bytes, where: Path) -> None:
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
-    except pickle.UnpicklingError as e:
-        raise UsageError(f"{where}: holds a pickled {_global_named(e)}, which is not unpickled") from None
-    except (EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
-        raise UsageError(f"{where}: unreadable checkpoint metadata: {one_line(e)}") from None
-    if not isinstance(metadata, Metadata):
-        raise UsageError(f"{where}: not torch.distributed.checkpoint metadata ({type(metadata).__name__})")
 
 
 def _deepspeed_weights(ckpt: Path, trust: bool) -> dict[str, Any]:

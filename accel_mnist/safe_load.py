@@ -11,6 +11,10 @@ user says the checkpoint is theirs (`--trust-checkpoint`):
   those that ask for `weights_only=False` (DeepSpeed's shards, Accelerate's custom states), so
   that a file changed after the check is refused too.
 
+FSDP's sharded `.metadata` files are read by torch with plain `pickle.load`: they are checked
+with an unpickler of the project's own that allows the few classes they hold, once, before
+loading (so a file changed between the check and the load is not caught).
+
 The cost: each pickle is unpickled twice (the check maps tensor data rather than reading it),
 and under DeepSpeed every process checks every shard, not only its own.
 """
@@ -18,6 +22,7 @@ and under DeepSpeed every process checks every shard, not only its own.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import random
@@ -116,6 +121,49 @@ def load_file(path: Path, allowed: list[Any]) -> Any:
         raise UsageError(f"{path}: corrupt or unreadable checkpoint file ({_first_line(e)})") from None
 
 
+# A DCP .metadata lists every tensor's chunks: kilobytes for these models. The cap keeps a
+# hostile file from exhausting memory before it is even checked.
+MAX_METADATA_BYTES = 64 << 20
+
+
+# What torch 2.13-2.14 pickles into a DCP .metadata (seen for FSDP2 sharded model states).
+_DCP_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_DCP_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (module, name) in _DCP_ALLOWED or module == _DCP_METADATA_MODULE
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            allowed = True  # dtypes pickle as torch.float32 and the like
+        if not allowed:
+            raise pickle.UnpicklingError(f"GLOBAL {module}.{name} was not an allowed global")
+        return super().find_class(module, name)
+
+
+def check_dcp_metadata(raw: bytes, where: Path) -> None:
+    """UsageError unless `raw` unpickles, with the allow-list, to torch.distributed.checkpoint metadata."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as e:
+        raise UsageError(f"{where}: holds a pickled {refusal(e) or one_line(e)}, which is not unpickled") from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+        raise UsageError(f"{where}: unreadable checkpoint metadata: {one_line(e)}") from None
+    if not isinstance(metadata, Metadata):
+        raise UsageError(f"{where}: not torch.distributed.checkpoint metadata ({type(metadata).__name__})")
+
+
 def pickle_files(checkpoint: Path) -> list[Path]:
     """The files of `checkpoint` (at any depth) that accelerate or DeepSpeed would unpickle."""
     return sorted(p for p in checkpoint.rglob("*") if p.suffix in PICKLE_SUFFIXES and p.is_file())
@@ -136,6 +184,12 @@ def verify_checkpoint(checkpoint: Path, process_index: int, trust: bool) -> dict
     if not trust:
         for path in files:
             load_file(path, allowed)
+        # FSDP's sharded checkpoints (torch.distributed.checkpoint) hold a .metadata file that
+        # torch reads with plain pickle.load, outside torch.load's restricted unpickler.
+        for path in sorted(checkpoint.rglob(".metadata")):
+            if path.stat().st_size > MAX_METADATA_BYTES:
+                raise UsageError(f"{path}: {path.stat().st_size} bytes, more than a checkpoint's metadata can need")
+            check_dcp_metadata(path.read_bytes(), path)
     rng = checkpoint / RNG_FILE.format(process_index)
     if not rng.is_file():
         raise UsageError(f"{rng}: missing (the RNG states of process {process_index}); the resume would not be exact")

@@ -203,6 +203,17 @@ def test_load_file_names_the_refused_global(tmp_path):
     assert not (tmp_path / "marker").exists()
 
 
+def test_planted_fsdp_metadata_is_refused_before_any_load(tmp_path):
+    # torch.distributed.checkpoint reads .metadata with plain pickle.load, so a resume of an
+    # FSDP sharded checkpoint checks it with the allow-list unpickler first.
+    shards = tmp_path / "pytorch_model_fsdp_0"
+    shards.mkdir()
+    plant(shards / ".metadata", tmp_path / "marker", bare=True)
+    with pytest.raises(UsageError, match=r"\.metadata: holds a pickled (builtins|io)\.open"):
+        verify_checkpoint(tmp_path, 0, trust=False)
+    assert not (tmp_path / "marker").exists()
+
+
 def test_verify_checkpoint_reports_a_missing_rng_file(tmp_path):
     with pytest.raises(UsageError, match="random_states_3.pkl: missing"):
         verify_checkpoint(tmp_path, 3, trust=False)
