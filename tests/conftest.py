@@ -43,6 +43,9 @@ def write_idx():
     return _write_idx
 
 
+# metrics.jsonl keys that measure time: left out wherever two runs' metrics are compared.
+TIMING_KEYS = frozenset({"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"})
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "accelerate_configs"
 

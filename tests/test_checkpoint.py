@@ -19,13 +19,12 @@ from accel_mnist import TrainConfig, train
 from accel_mnist import checkpoint as ckpt
 from accel_mnist.errors import UsageError
 from accel_mnist.loop import NonFiniteLossError
-from conftest import CONFIGS, MNIST_DIR, REPO
+from conftest import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS
 
 # mlp has dropout, so an exact resume also needs the RNG state back; eval and checkpoint
 # steps do not line up, so the per-rank loss sums since the last eval must come back too.
 RUN_ARGS = ["--model", "mlp", "--max-steps", "240", "--eval-every", "30", "--checkpoint-every", "40",
             "--keep-checkpoints", "2", "--no-download", "--quiet", "--no-export"]  # fmt: skip
-TIMING_KEYS = {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"}
 
 
 def metrics_rows(out: Path) -> list[dict]:

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import CONFIGS, MNIST_DIR, accelerate_launch
+from conftest import CONFIGS, MNIST_DIR, TIMING_KEYS, accelerate_launch
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_device_path_matches_the_torch_dataloader_on_two_processes(runs):
     # The device path shards exactly as Accelerate shards a DataLoader (even_batches, wrap-around).
     (device, device_rows), (torch_, torch_rows) = runs["ddp"], runs["ddp_torch_loader"]
     assert (device["data_loader"], torch_["data_loader"]) == ("device", "torch")
-    drop = {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"}
+    drop = TIMING_KEYS
     assert [{k: v for k, v in r.items() if k not in drop} for r in device_rows] == [
         {k: v for k, v in r.items() if k not in drop} for r in torch_rows
     ]

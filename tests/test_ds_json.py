@@ -19,7 +19,7 @@ from accel_mnist import TrainConfig
 from accel_mnist import checkpoint as ckpt
 from accel_mnist.errors import UsageError
 from accel_mnist.optim import check_deepspeed_optim
-from conftest import CONFIGS, MNIST_DIR, accelerate_launch
+from conftest import CONFIGS, MNIST_DIR, TIMING_KEYS, accelerate_launch
 
 BASE = {
     "train_batch_size": "auto",
@@ -35,7 +35,6 @@ DECAY = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_ma
          "warmup_num_steps": 8, "warmup_type": "linear", "total_num_steps": "auto"}}  # fmt: skip
 TRAIN = ["--model", "mlp", "--max-steps", "24", "--eval-every", "6", "--no-download", "--no-export",
          "--no-save-checkpoints", "--data-loader", "device"]  # fmt: skip
-TIMING = {"samples_per_second", "train_seconds"}
 
 
 def write_ds_config(tmp_path: Path, name: str, num_processes: int, **sections) -> Path:
@@ -52,7 +51,7 @@ def write_ds_config(tmp_path: Path, name: str, num_processes: int, **sections) -
 
 def rows(out: Path) -> list[dict]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
 
 
 def warmup_decay_lr(step: int, peak: float, warmup: int, total: int) -> float:
