@@ -75,7 +75,9 @@ def test_fsdp_launch_without_a_gpu_does_not_train_ddp(config, tmp_path):
     launch = ["--config_file", str(CONFIGS / config), "--mixed_precision", "no", "--main_process_port", "0"]
     proc, results = accelerate_launch(launch, ["--model", "linear", "--max-steps", "2", "--no-download"], out)
     assert proc.returncode != 0 and results is None
-    assert proc.stderr.count(f"error: {FSDP_NEEDS_A_DEVICE}") == 2  # one line from each worker
+    # Each worker refuses alike; torchrun may stop the second before it prints, once the first exits 2.
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors and set(errors) == {f"error: {FSDP_NEEDS_A_DEVICE}"} and len(errors) <= 2
     assert "exitcode: 2" in proc.stderr  # the workers' own exit code, as torchrun reports it
     assert not out.exists()
 
