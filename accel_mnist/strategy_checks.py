@@ -26,32 +26,18 @@ def multi_process_device_available() -> bool:
     Asked through Accelerate's own device checks, in the order PartialState picks a backend
     (MPS has none, so several processes on a Mac run on the CPU over gloo).
     """
-    from accelerate.utils import (
-        is_cuda_available,
-        is_hpu_available,
-        is_mlu_available,
-        is_musa_available,
-        is_neuron_available,
-        is_npu_available,
-        is_sdaa_available,
-        is_torch_xla_available,
-        is_xccl_available,
-        is_xpu_available,
-    )
+    import accelerate.utils
 
-    return any(
-        (
-            is_torch_xla_available(),
-            is_mlu_available(),
-            is_sdaa_available(),
-            is_musa_available(),
-            is_npu_available(),
-            is_hpu_available(),
-            is_cuda_available(),
-            is_xpu_available() and is_xccl_available(),
-            is_neuron_available(),
-        )
-    )
+    # Each check only where this accelerate has it: accelerate 1.8 (the floor) knows neither
+    # Neuron nor SDAA nor xccl.
+    names = ("is_torch_xla_available", "is_mlu_available", "is_sdaa_available", "is_musa_available",
+             "is_npu_available", "is_hpu_available", "is_cuda_available", "is_neuron_available")  # fmt: skip
+    checks = [getattr(accelerate.utils, name, None) for name in names]
+    if any(check is not None and check() for check in checks):
+        return True
+    # XPU needs a collective backend: xccl, or oneCCL's ccl in accelerate releases before xccl.
+    xccl = getattr(accelerate.utils, "is_xccl_available", None) or accelerate.utils.is_ccl_available
+    return bool(accelerate.utils.is_xpu_available() and xccl())
 
 
 def check_strategy(accelerator: Accelerator, *, use_fsdp: bool, world_size: int) -> None:
