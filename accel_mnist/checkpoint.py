@@ -13,13 +13,13 @@ import json
 import pickle
 import re
 import shutil
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
+from .consensus import agree
 from .errors import UsageError, one_line
 from .outputs import write_json_atomic
 
@@ -213,9 +213,7 @@ def verify_checkpoint(accelerator: Accelerator, path: Path, trust: bool = False)
     """
     from .safe_load import verify_checkpoint as verify_files
 
-    states: dict[str, Any] = {}
-    _on_every_rank(accelerator, lambda: states.update(verify_files(path, accelerator.process_index, trust)))
-    return states
+    return agree(accelerator, lambda: verify_files(path, accelerator.process_index, trust))
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, Any], trust: bool = False) -> None:
@@ -244,18 +242,4 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, 
             raise UsageError(f"{path}: cannot load checkpoint: {one_line(first)}") from None
         check_rng_restored(rng_states, path, accelerator.process_index)
 
-    _on_every_rank(accelerator, load)
-
-
-def _on_every_rank(accelerator: Accelerator, step: Callable[[], None]) -> None:
-    """Run `step`; if it raised a UsageError on any rank, raise the first rank's on all of them."""
-    from accelerate.utils import gather_object
-
-    try:
-        step()
-        problem = ""
-    except UsageError as e:
-        problem = str(e)
-    problems = [p for p in gather_object([problem]) if p] if accelerator.num_processes > 1 else [problem]
-    if any(problems):
-        raise UsageError(next(p for p in problems if p))
+    agree(accelerator, load)
