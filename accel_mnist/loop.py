@@ -23,7 +23,7 @@ from .models import build_model, num_parameters
 from .preemption import Preempted, StopSignals
 from .prewarm import prewarm
 from .run_dir import RunDir
-from .runtime import build_accelerator, describe, prepare
+from .runtime import build_accelerator, check_model, describe, prepare
 from .versions import versions
 
 
@@ -79,6 +79,7 @@ def _train(
         )
         state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
+    check_model(accelerator, model)
     # Only now, with every check passed on every rank, is anything in the output directory touched.
     run_dir.open(plan)
     if config.report_to != "none":
@@ -86,7 +87,7 @@ def _train(
         accelerator.init_trackers("accel_mnist", config=hparams)
     per_process = len(train_set) // accelerator.num_processes
     prewarm_seconds = prewarm(model, config, accelerator.device, per_process) if config.prewarm else 0.0
-    model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch)
+    model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, bool(resume))
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")

@@ -348,21 +348,13 @@ GPU_CASES = {
 }
 
 
-# Measured on one H200 (2026-12-01): FSDP1's SHARDED_STATE_DICT checkpoints train, save and
-# export, but resuming one on a single GPU (where FSDP1 runs NO_SHARD) ends up to 9.6e-3 away
-# from the uninterrupted weights. fsdp1_flat_params (also SHARDED) failed in the same test; its
-# message was not read. Kept as known failures until understood.
-_FSDP1_SHARDED_RESUME = pytest.mark.xfail(
-    reason="FSDP1 SHARDED_STATE_DICT resume on one GPU is not exact (measured: weights up to 9.6e-3 apart)",
-    strict=True,
-)
-_GPU_PARAMS = [pytest.param(c, marks=_FSDP1_SHARDED_RESUME) if c in ("fsdp1", "fsdp1_flat_params") else c
-               for c in GPU_CASES]  # fmt: skip
+# FSDP1's SHARDED_STATE_DICT resume once dropped Adam's state (Accelerate loads into the slots a
+# fresh optimizer has: none); runtime.prepare(resuming=True) allocates them first.
 
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("case", _GPU_PARAMS, ids=list(GPU_CASES))
+@pytest.mark.parametrize("case", list(GPU_CASES))
 @pytest.mark.usefixtures("mnist_dir")
 def test_fsdp_trains_checkpoints_resumes_and_exports_on_a_gpu(case, tmp_path):
     # bf16, as the YAMLs say; the parity test in test_distributed.py runs FSDP in fp32.

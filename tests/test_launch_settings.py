@@ -162,7 +162,16 @@ def test_fp8_reports_converted_layers_or_refuses(tmp_path, data):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fp8 (" in proc.stderr and "layers: net.3" in proc.stderr, proc.stderr[-3000:]
     proc = run_module(env, tmp_path / "linear", "--model", "linear")
-    assert proc.returncode == 2 and "converted no layer" in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
+    assert proc.returncode == 2 and "converts no layer" in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
+    assert not (tmp_path / "linear").exists()  # refused before the output directory
+
+
+def test_fp8_convertible_layers_follow_accelerates_filter():
+    from accel_mnist.models import build_model
+    from accel_mnist.runtime import fp8_convertible_layers
+
+    assert fp8_convertible_layers(build_model("mlp")) == ["net.3"]
+    assert fp8_convertible_layers(build_model("linear")) == []
 
 
 def parsed_launch(*argv: str):
