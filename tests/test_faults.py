@@ -112,6 +112,24 @@ def test_another_number_of_processes_needs_the_same_global_batch():
         ckpt.check_compatible(zero_saved, zero_now.strategy, zero_now.config, where, total_steps=40)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_fsdp1_with_offload_is_not_resumed(version):
+    """Measured on an H200: FSDP1 resumed with CPU offload drifts (FULL and SHARDED alike); FSDP2's resumes."""
+    fsdp = {"distributed_type": "FSDP", "fsdp_version": version, "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_offload_params": True, "num_processes": 1, "zero_stage": 0}  # fmt: skip
+    saved = _state(1, 64)
+    saved.strategy = fsdp
+    check = lambda: ckpt.check_compatible(saved, fsdp, saved.config, Path("ck"), total_steps=40)  # noqa: E731
+    if version == 2:
+        check()
+        return
+    with pytest.raises(UsageError, match="resuming FSDP1 with fsdp_offload_params true is not exact"):
+        check()
+    check_without = {**fsdp, "fsdp_offload_params": False}
+    saved.strategy = check_without
+    ckpt.check_compatible(saved, check_without, saved.config, Path("ck"), total_steps=40)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launch, sig", [(None, signal.SIGTERM), (DDP, signal.SIGTERM), (None, signal.SIGUSR1)],
                          ids=["single", "ddp", "single-sigusr1"])  # fmt: skip
