@@ -22,6 +22,7 @@ from torch import nn
 from .checkpoint import STATE_FILE
 from .checkpoint_weights import checkpoint_weights, read_safetensors
 from .errors import UsageError, one_line
+from .json_file import read_json_object
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
@@ -257,13 +258,7 @@ def read_export_config(path: str | os.PathLike) -> dict[str, Any]:
 def _read_json(file: Path, what: str) -> dict[str, Any]:
     if not file.is_file():
         raise UsageError(f"{file}: missing ({what})")
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{file}: not valid JSON: {one_line(e)}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{file}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(file)
 
 
 def _check_fits(model: nn.Module, weights: dict[str, torch.Tensor], where: str, name: str) -> None:

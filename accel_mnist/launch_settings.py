@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +19,9 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import ConfigError, UsageError
+from .json_file import read_json_object
 from .optim import check_deepspeed_optim
 
-MAX_DEEPSPEED_JSON_BYTES = 1 << 20  # a DeepSpeed config is a few kB; refuse to parse anything huge
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
 _FP8_BACKENDS = ("torchao", "transformer_engine", "msamp")
 
@@ -174,14 +173,7 @@ def _deepspeed_json() -> dict[str, Any] | None:
     path = Path(name)
     if not path.is_file():
         raise UsageError(f"deepspeed_config_file {path} does not exist (a relative path is read from {Path.cwd()})")
-    if path.stat().st_size > MAX_DEEPSPEED_JSON_BYTES:
-        raise UsageError(f"deepspeed_config_file {path}: larger than {MAX_DEEPSPEED_JSON_BYTES} bytes")
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"deepspeed_config_file {path}: not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"deepspeed_config_file {path}: expected a JSON object, got {type(data).__name__}")
+    data = read_json_object(path, f"deepspeed_config_file {path}")
     if "zero_optimization" not in data:
         raise UsageError(f"deepspeed_config_file {path}: needs a zero_optimization section (Accelerate requires it)")
     return data

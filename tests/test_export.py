@@ -417,3 +417,17 @@ def test_two_process_export_matches_checkpoint_export(tmp_path, config, precisio
     with pytest.raises(UsageError) as e:
         export_from_checkpoint(tmp_path / "ckpt", tmp_path / "export2")
     assert_one_line(e, "pytorch_model", "incomplete")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b" " * (1 << 20) + b"{}", "larger than 1048576 bytes"), (b"{", "not valid JSON"),
+     (b"\xff\xfe", "not valid JSON"), (b"[1]", "expected a JSON object, got list")],
+)  # fmt: skip
+def test_json_from_others_is_bounded_and_checked(tmp_path, content, message):
+    from accel_mnist.errors import UsageError
+    from accel_mnist.json_file import read_json_object
+
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(UsageError, match=f"^x: {message}"):
+        read_json_object(tmp_path / "config.json", "x")
