@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +20,20 @@ from torch import nn
 from .config import TrainConfig
 
 
-def prewarm(model: nn.Module, config: TrainConfig, device: torch.device, train_samples: int = 0) -> float:
+def prewarm(
+    model: nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    train_samples: int = 0,
+    rehearsals: Sequence[Callable[[], object]] = (),
+) -> float:
     """One step on a copy of `model` per training batch shape; returns the seconds it took.
 
     `train_samples` (per process) adds the epoch's last, smaller batch: a new shape makes cuDNN
-    choose its kernels again, which cost 40-60 ms at each epoch end on an H200.
+    choose its kernels again, which cost 40-60 ms at each epoch end on an H200. `rehearsals`
+    run the loop's own per-step tensor work once on scratch data (assembling a batch, the loss
+    bookkeeping): CUDA loads each kernel on its first launch, and those first launches cost
+    about 0.1 s of the first step on an H200 (benchmarks/results/h200-2026-12-01b).
     """
     from .optim import build_optimizer
 
@@ -38,6 +48,8 @@ def prewarm(model: nn.Module, config: TrainConfig, device: torch.device, train_s
             F.cross_entropy(twin(inputs).float(), labels).backward()
             optimizer.step()
             optimizer.zero_grad()
+        for rehearse in rehearsals:
+            rehearse()
         twin.eval()
         with torch.no_grad():  # and the evaluation's shape, whose time the clock leaves out anyway
             twin(torch.zeros(config.eval_batch_size, 1, 28, 28, device=device)).sum().item()

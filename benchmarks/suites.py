@@ -55,7 +55,7 @@ CPU: list[Row] = [
      "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
 ]  # fmt: skip
 
-# One call of at most 10 minutes on one H200: the rows' budgets add up to 550 s, the most
+# One call of at most 10 minutes on one H200: the rows' budgets add up to 565 s, the most
 # important first (the runner skips what no longer fits --budget).
 SINGLE_GPU = ["{accelerate}", "launch", "--config_file", "accelerate_configs/single_gpu.yaml"]
 BF16 = {"ACCELERATE_MIXED_PRECISION": "bf16"}
@@ -114,6 +114,9 @@ H200: list[Row] = [
     {"name": "one_step_timeline", "group": "timeline", "what": "python -m accel_mnist's 1-step command, phase by "
      "phase", "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "env": BF16, "parse": "json_line",
      "repeat": 1, "budget": 20},
+    {"name": "recipe_timeline", "group": "timeline", "what": "the recipe's command (seed 0), phase by phase",
+     "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *RECIPE_RUN], "parse": "json_line",
+     "seeds": [0], "budget": 25},
 ]  # fmt: skip
 
 SUITES: dict[str, dict[str, Any]] = {

@@ -6,7 +6,7 @@ Runs the CLI in this process (same arguments as `accel-mnist`) and prints one JS
 `python_start` (process start to this module, from /proc), `import_cli` (importing
 accel_mnist.cli: torch, accelerate, ...), then each phase of train() with its seconds and
 calls, timed with perf_counter around accel_mnist's own functions (build_accelerator,
-load_datasets, Loaders, prepare — which builds the first torch optimizer, and with it
+load_datasets, Loaders, prewarm, prepare — which builds the first torch optimizer, and with it
 imports torch._dynamo —, evaluate, the export, write_report), and `other` for the rest
 of train() (the steps, checkpoints, results.json). Nothing outside accel_mnist is wrapped;
 the wrappers only time the calls they pass through.
@@ -27,6 +27,7 @@ PHASES = {  # phase name: (module, attribute); the loop looks each up at call ti
     "accelerator": ("accel_mnist.loop", "build_accelerator"),
     "data": ("accel_mnist.loop", "load_datasets"),
     "loaders": ("accel_mnist.loop", "Loaders"),
+    "prewarm": ("accel_mnist.loop", "prewarm"),
     "run_dir": ("accel_mnist.loop", "RunDir"),
     "prepare": ("accel_mnist.loop", "prepare"),
     "evaluate": ("accel_mnist.loop", "evaluate"),
