@@ -6,14 +6,39 @@ Usage::
     results = train(TrainConfig(model="cnn", epochs=1))
 """
 
-from .config import TrainConfig
-from .errors import ConfigError, DataError, UsageError
-from .export import load_model
-from .loop import evaluate, train
-from .models import MODELS, build_model
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .errors import ConfigError, DataError, UsageError
+    from .export import load_model
+    from .loop import evaluate, train
+    from .models import MODELS, build_model
+
+# Imported on first use (PEP 562): `import accel_mnist.report` in the background plot process,
+# or `accel-mnist --help`, should not pay for torch and accelerate.
+_EXPORTS = {
+    "TrainConfig": "config", "train": "loop", "evaluate": "loop", "load_model": "export",
+    "build_model": "models", "MODELS": "models",
+    "UsageError": "errors", "ConfigError": "errors", "DataError": "errors",
+}  # fmt: skip
 __all__ = [
     "TrainConfig", "train", "evaluate", "load_model", "build_model", "MODELS",
     "UsageError", "ConfigError", "DataError",
 ]  # fmt: skip
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -230,9 +230,9 @@ def _train(
     }  # fmt: skip
     run_dir.write_results(results)
     if config.plots and accelerator.is_main_process:
-        from .report import write_report  # imports matplotlib only now
+        from .report import draw_in_background  # matplotlib runs in a process of its own
 
-        write_report(run_dir.dir)
+        draw_in_background(run_dir.dir)
     accelerator.wait_for_everyone()
     # Release the prepared objects before end_training: a gloo worker still holding its DDP
     # model at interpreter exit sometimes aborts ("terminate called without an active exception").

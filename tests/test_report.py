@@ -152,3 +152,16 @@ def test_through_the_accel_mnist_cli(tmp_path, capsys):
     assert_png(run / CONFUSION_FILE)
     assert main(["report", str(tmp_path / "missing")]) == EXIT_USAGE
     assert capsys.readouterr().err == f"error: run directory {tmp_path / 'missing'} does not exist\n"
+
+
+def test_the_background_plot_process_does_not_import_torch():
+    """draw_in_background's process imports accel_mnist.report alone: matplotlib, not torch."""
+    import subprocess
+    import sys
+
+    import accel_mnist
+
+    assert sorted(accel_mnist.__all__) == sorted(accel_mnist._EXPORTS)
+    code = "import sys, accel_mnist.report; print('torch' in sys.modules, 'accelerate' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

@@ -136,7 +136,10 @@ def test_stop_at_accuracy_ends_the_run_at_the_first_evaluation_that_reaches_it(c
 def test_plots_can_be_left_for_later(config, plots):
     from pathlib import Path
 
+    from accel_mnist.report import wait_for_plots
+
     train(config.replace(plots=plots, max_steps=5, eval_every=0))
+    wait_for_plots(timeout=120)  # drawn in a process of their own
     drawn = {p.name for p in Path(config.output_dir).glob("*.png")}
     assert drawn == ({"training_curves.png", "confusion_matrix.png"} if plots else set())
 
