@@ -77,6 +77,12 @@ H200: list[Row] = [
     {"name": "one_step", "group": "startup", "what": "python -m accel_mnist train --model linear --max-steps 1 "
      "--no-export (bf16)", "cmd": ["{python}", "-m", "accel_mnist", *ONE_STEP], "env": BF16, "parse": "wall",
      "repeat": 3, "budget": 40},
+    {"name": "one_step_timeline", "group": "timeline", "what": "python -m accel_mnist's 1-step command, phase by "
+     "phase", "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "env": BF16, "parse": "json_line",
+     "repeat": 1, "budget": 20},
+    {"name": "recipe_timeline", "group": "timeline", "what": "the recipe's command (seed 0), phase by phase",
+     "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *RECIPE_RUN], "parse": "json_line",
+     "seeds": [0], "budget": 25},
     {"name": "recipe_launch", "group": "time_to_99", "what": "the recipe through accelerate launch --config_file "
      "accelerate_configs/single_gpu.yaml (bf16, as the YAML says)", "needs": "recipe",
      "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *RECIPE_RUN],
@@ -111,12 +117,6 @@ H200: list[Row] = [
     {"name": "one_step_launch", "group": "startup", "what": "python -m accel_mnist's 1-step command through "
      "accelerate launch --config_file accelerate_configs/single_gpu.yaml",
      "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *ONE_STEP], "parse": "wall", "repeat": 2, "budget": 40},
-    {"name": "one_step_timeline", "group": "timeline", "what": "python -m accel_mnist's 1-step command, phase by "
-     "phase", "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "env": BF16, "parse": "json_line",
-     "repeat": 1, "budget": 20},
-    {"name": "recipe_timeline", "group": "timeline", "what": "the recipe's command (seed 0), phase by phase",
-     "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *RECIPE_RUN], "parse": "json_line",
-     "seeds": [0], "budget": 25},
 ]  # fmt: skip
 
 SUITES: dict[str, dict[str, Any]] = {
