@@ -431,3 +431,18 @@ def test_json_from_others_is_bounded_and_checked(tmp_path, content, message):
     (tmp_path / "config.json").write_bytes(content)
     with pytest.raises(UsageError, match=f"^x: {message}"):
         read_json_object(tmp_path / "config.json", "x")
+
+
+def test_a_run_without_deepspeed_does_not_import_it(mnist_dir, tmp_path):
+    """accelerate's unwrap_model imports deepspeed (about 1 s) wherever it is installed; the
+    export of a one-process run gets its module without it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from accel_mnist import TrainConfig, train; "
+        f"train(TrainConfig(model='linear', max_steps=2, data_dir={str(mnist_dir)!r}, output_dir={str(tmp_path)!r}, "
+        "quiet=True, plots=False)); print('deepspeed' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-1] == "False" and (tmp_path / "model.safetensors").is_file()
