@@ -250,17 +250,15 @@ class DeviceLoader(DataLoaderStateMixin):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self._skip = self._skip, 0
         flat, sizes = self._index_matrix()
-        offsets = [0]
-        for s in sizes:
-            offsets.append(offsets[-1] + s)
-        n_batches = len(sizes)
+        batches = flat.split(sizes)  # views, made in one call: no slicing per step
+        last = len(batches) - 1
         self.position = start
         self._begin()
         try:
-            for i in range(start, n_batches):
-                if i == n_batches - 1:
+            for i in range(start, last + 1):
+                if i == last:
                     self.end_of_dataloader = True
-                batch = self._batch(flat[offsets[i] : offsets[i + 1]])
+                batch = self._batch(batches[i])
                 self.position = i + 1
                 yield batch
         finally:

@@ -31,6 +31,10 @@ _PLAIN = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_G
 class DirectStep:
     """The prepared optimizer, with `step` and `zero_grad` as Accelerate would do them here."""
 
+    # Accelerate marks a step skipped only where its grad scaler skipped it, and there is none
+    # here; a plain attribute spares the loop a __getattr__ fallback every step.
+    step_was_skipped = False
+
     def __init__(self, prepared: Any, accelerator: Accelerator) -> None:
         self._prepared, self._inner, self._accelerator = prepared, prepared.optimizer, accelerator
         self._set_to_none = "set_to_none" in inspect.signature(self._inner.zero_grad).parameters
