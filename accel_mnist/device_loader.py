@@ -2,7 +2,12 @@
 
 The per-sample torch DataLoader (one `__getitem__`, one collate per sample) caps small
 models at a few thousand samples/s; MNIST as uint8 is 47 MB, so the whole split can live
-on the accelerator and a batch becomes one gather plus three elementwise ops.
+on the accelerator and a batch becomes one gather. Where a float32 copy of the split fits as
+well (4 bytes a pixel: 188 MB for MNIST's training split), the split is normalised once at
+construction, with the same float32 ops in the same order as ImageTensorDataset (so the values
+are equal bit for bit) and a batch is only the gather; otherwise it is kept as uint8 and each
+batch is normalised as it is gathered (four more tensor ops a batch, a kernel launch each on a
+GPU).
 
 `DeviceLoader` reproduces exactly how `accelerator.prepare` shards a torch DataLoader
 (`BatchSamplerShard`, `even_batches=True`, `split_batches=False`):
@@ -38,13 +43,13 @@ import torch
 from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 
-from .config import DATA_LOADERS
+from .data_path import copy_fits
 
-__all__ = ["DeviceLoader", "choose_data_loader", "device_loader_fits"]
+__all__ = ["DeviceLoader"]
 
 
 class DeviceLoader(DataLoaderStateMixin):
-    """The whole split on `device` as uint8; yields `(x, y)`: x float32 (B, 1, 28, 28), y int64 (B,).
+    """The whole split on `device`; yields `(x, y)`: x float32 (B, 1, 28, 28), y int64 (B,).
 
     Args:
         images: uint8 tensor (N, 28, 28) (any (N, H, W) works), on any device.
@@ -64,6 +69,8 @@ class DeviceLoader(DataLoaderStateMixin):
             `accelerator.process_index`).
         drop_last: drop the final partial batch (as a torch DataLoader with drop_last=True).
         register_with_accelerate: take part in Accelerate's GradientState (see module doc).
+        normalise_once: normalise the whole split now (True) or each batch as it is gathered
+            (False); None: now where a float32 copy fits (`copy_fits`). The batches are equal.
     """
 
     def __init__(
@@ -81,6 +88,7 @@ class DeviceLoader(DataLoaderStateMixin):
         drop_last: bool = False,
         register_with_accelerate: bool = True,
         torch_order: bool = True,
+        normalise_once: bool | None = None,
     ) -> None:
         if images.dtype != torch.uint8:
             raise ValueError(f"images must be uint8, got {images.dtype}")
@@ -93,7 +101,7 @@ class DeviceLoader(DataLoaderStateMixin):
         if num_processes < 1 or not 0 <= process_index < num_processes:
             raise ValueError(f"process_index {process_index} out of range for {num_processes} processes")
         self.device = torch.device(device)
-        self.images = images.to(self.device)
+        images = images.to(self.device)
         self.labels = labels.to(device=self.device, dtype=torch.int64)
         self.mean = float(mean)
         self.std = float(std)
@@ -110,6 +118,12 @@ class DeviceLoader(DataLoaderStateMixin):
         # so the batches equal ImageTensorDataset's bit for bit on every device.
         self._consts = tuple(torch.tensor(v, dtype=torch.float32, device=self.device)
                              for v in (255.0, self.mean, self.std))  # fmt: skip
+        if normalise_once is None:  # each process on a host keeps a copy of its own
+            sharers = num_processes if self.device.type == "cpu" else 1
+            normalise_once = copy_fits(self.device, images.numel() * 4 * sharers)
+        self.normalised_once = normalise_once
+        # (N, 1, H, W) float32 normalised, or (N, H, W) uint8.
+        self.images = self._normalise(images).unsqueeze(1) if normalise_once else images
         self.epoch = 0
         self.position = 0  # batches of the current epoch already yielded
         self._skip = 0  # one-shot: batches to skip at the start of the next iteration
@@ -201,13 +215,18 @@ class DeviceLoader(DataLoaderStateMixin):
 
     # -- iteration -------------------------------------------------------------------------
 
-    def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _normalise(self, images: torch.Tensor) -> torch.Tensor:
         # Same float32 ops, in the same order, as ImageTensorDataset.__getitem__: equal values.
+        c255, mean, std = self._consts
+        return images.to(torch.float32).div_(c255).sub_(mean).div_(std)
+
+    def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # index_select, not images[idx]: the advanced-indexing path costs twice as much per call
         # (CPU, batch 64: 44 us against 21 us per batch with the normalisation).
-        c255, mean, std = self._consts
-        x = self.images.index_select(0, idx).to(torch.float32).div_(c255).sub_(mean).div_(std)
-        return x.unsqueeze(1), self.labels.index_select(0, idx)
+        x = self.images.index_select(0, idx)
+        if not self.normalised_once:
+            x = self._normalise(x).unsqueeze(1)
+        return x, self.labels.index_select(0, idx)
 
     def _index_matrix(self) -> tuple[torch.Tensor, list[int]]:
         """This epoch's shard as one flat index tensor on the device plus per-batch sizes."""
@@ -231,17 +250,15 @@ class DeviceLoader(DataLoaderStateMixin):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self._skip = self._skip, 0
         flat, sizes = self._index_matrix()
-        offsets = [0]
-        for s in sizes:
-            offsets.append(offsets[-1] + s)
-        n_batches = len(sizes)
+        batches = flat.split(sizes)  # views, made in one call: no slicing per step
+        last = len(batches) - 1
         self.position = start
         self._begin()
         try:
-            for i in range(start, n_batches):
-                if i == n_batches - 1:
+            for i in range(start, last + 1):
+                if i == last:
                     self.end_of_dataloader = True
-                batch = self._batch(flat[offsets[i] : offsets[i + 1]])
+                batch = self._batch(batches[i])
                 self.position = i + 1
                 yield batch
         finally:
@@ -256,53 +273,3 @@ class DeviceLoader(DataLoaderStateMixin):
             f"shuffle={self.shuffle}, process={self.process_index}/{self.num_processes}, "
             f"batches={len(self)}, device={self.device})"
         )
-
-
-# -- choosing the data path ----------------------------------------------------------------
-
-
-def dataset_nbytes(dataset: Any) -> int:
-    """Bytes the device copy of an ImageTensorDataset-like split takes (images + labels)."""
-    return dataset.images.numel() * dataset.images.element_size() + dataset.labels.numel() * 8
-
-
-def device_loader_fits(device: torch.device | str, nbytes: int, fraction: float = 0.25) -> bool:
-    """Whether `nbytes` of data should be held on `device`.
-
-    CPU: always (the data already sits in host memory; the device path only removes the
-    per-sample Python work). CUDA: when it takes at most `fraction` of the memory free on
-    the device now (MNIST train+test: 55 MB). Other device types: no (not measured).
-    """
-    device = torch.device(device)
-    if device.type == "cpu":
-        return True
-    if device.type == "cuda" and torch.cuda.is_available():
-        free, _total = torch.cuda.mem_get_info(device)
-        return nbytes <= fraction * free
-    return False
-
-
-def choose_data_loader(setting: str, datasets: Any, device: torch.device | str) -> str:
-    """Resolve `data_loader: auto|torch|device` to "torch" or "device".
-
-    `datasets` is one split or a sequence of them; "auto" picks "device" when every split
-    exposes uint8 `images` and `labels` (ImageTensorDataset) and they fit on `device`.
-    "device" with a dataset that cannot be held raises ValueError.
-    """
-    if setting not in DATA_LOADERS:
-        raise ValueError(f"data_loader: '{setting}' is not one of {', '.join(DATA_LOADERS)}")
-    if setting == "torch":
-        return "torch"
-    splits = datasets if isinstance(datasets, (list, tuple)) else [datasets]
-    holdable = all(
-        isinstance(getattr(s, "images", None), torch.Tensor) and s.images.dtype == torch.uint8
-        and isinstance(getattr(s, "labels", None), torch.Tensor)
-        for s in splits
-    )  # fmt: skip
-    if setting == "device":
-        if not holdable:
-            raise ValueError("data_loader: 'device' needs uint8 image tensors (an ImageTensorDataset)")
-        return "device"
-    if holdable and device_loader_fits(device, sum(dataset_nbytes(s) for s in splits)):
-        return "device"
-    return "torch"

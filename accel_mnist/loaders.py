@@ -16,7 +16,8 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from .config import TrainConfig
-from .device_loader import DeviceLoader, choose_data_loader
+from .data_path import choose_data_loader
+from .device_loader import DeviceLoader
 
 
 class Loaders:

@@ -19,11 +19,13 @@ from .config import TrainConfig
 from .data import load_datasets
 from .errors import UsageError
 from .loaders import Loaders
+from .loss_tally import LossTally
 from .models import build_model, num_parameters
 from .preemption import Preempted, StopSignals
 from .prewarm import prewarm
 from .run_dir import RunDir
 from .runtime import build_accelerator, check_model, describe, prepare
+from .step_path import MicroStep
 from .versions import versions
 
 
@@ -94,12 +96,9 @@ def _train(
     # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
     # match; elsewhere they stay fp32 and autocast (if any) does the casting.
     input_dtype = next(model.parameters()).dtype
-    rank = accelerator.process_index
-    loss_sum = torch.tensor(state.loss_sums[rank] if state.loss_sums else 0.0, device=accelerator.device)
-    # Non-finite steps in a row, and the longest such run, counted on the device (no host sync).
-    nonfinite_run = torch.zeros((), dtype=torch.int64, device=accelerator.device)
-    nonfinite_worst = torch.zeros_like(nonfinite_run)
-    step_nonfinite = torch.zeros((), dtype=torch.bool, device=accelerator.device)
+    micro = MicroStep(accelerator, model)
+    # The train loss's sum and the non-finite steps, folded only where the loop syncs anyway.
+    losses = LossTally(accelerator.device, state.loss_sums[accelerator.process_index] if state.loss_sums else 0.0)
     metrics: dict[str, Any] = {}
     confusion_matrix: list[list[int]] = []
     bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True,
@@ -108,8 +107,9 @@ def _train(
     def check_finite() -> None:
         # Collective, so that every rank stops together rather than one waiting for the others;
         # the same gather tells every rank whether any of them was asked to stop by a signal.
-        signalled = torch.full_like(nonfinite_worst, stop.received is not None)
-        worst, signalled = accelerator.gather(torch.stack([nonfinite_worst, signalled]).reshape(1, 2)).amax(0).tolist()
+        losses.fold()
+        flags = torch.tensor([[losses.worst, int(stop.received is not None)]], device=accelerator.device)
+        worst, signalled = accelerator.gather(flags).amax(0).tolist()
         stop.agreed = stop.agreed or bool(signalled)
         if worst >= config.max_nonfinite:
             raise NonFiniteLossError(
@@ -118,10 +118,11 @@ def _train(
             )
 
     def run_eval() -> None:
-        nonlocal loss_sum, metrics, confusion_matrix
+        nonlocal metrics, confusion_matrix
         evaluation = evaluate(model, data.test, accelerator, input_dtype)
         confusion_matrix = evaluation.pop("confusion_matrix")
-        train_loss = accelerator.reduce(loss_sum, "sum").item() / max(state.loss_count * accelerator.num_processes, 1)
+        loss_sum = accelerator.reduce(losses.total(), "sum").item()
+        train_loss = loss_sum / max(state.loss_count * accelerator.num_processes, 1)
         metrics = {
             "epoch": round(state.step / steps_per_epoch, 4), "step": state.step, "train_loss": train_loss,
             **evaluation, "lr": scheduler.get_last_lr()[0],
@@ -137,18 +138,19 @@ def _train(
                 f"epoch {metrics['epoch']:.2f} step {state.step}: train_loss {train_loss:.4f} "
                 f"test_loss {metrics['test_loss']:.4f} test_accuracy {metrics['test_accuracy']:.4f}"
             )
-        loss_sum, state.loss_count = torch.zeros_like(loss_sum), 0
+        losses.reset_sum()
+        state.loss_count = 0
 
     def save() -> None:
         check_finite()  # never publish weights that a non-finite loss has already spoilt
-        state.loss_sums = accelerator.gather(loss_sum.reshape(1)).tolist()
+        state.loss_sums = accelerator.gather(losses.total().reshape(1)).tolist()
         saved.append(run_dir.save_checkpoint(state))
 
     saved: list[Any] = []
 
     def pause_clock(tick: float, then: Any) -> float:
         """Stop the training clock around evaluation and checkpointing, which it must not count."""
-        loss_sum.item()  # waits for the device, so the clock sees the queued steps finish
+        losses.fold()  # waits for the device, so the clock sees the queued steps finish
         state.train_seconds += time.perf_counter() - tick
         then()
         return time.perf_counter()
@@ -159,32 +161,29 @@ def _train(
     while not finished:
         tick = time.perf_counter()
         for inputs, labels in data.epoch(state.epoch, skip=state.batches_in_epoch):
-            with accelerator.accumulate(model):
+            with micro.accumulate():
                 logits = model(inputs.to(input_dtype))
                 loss = F.cross_entropy(logits.float(), labels)
-                accelerator.backward(loss)
+                micro.backward(loss)
                 if config.max_grad_norm is not None and accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
-            loss_sum += loss.detach()
-            step_nonfinite |= ~torch.isfinite(loss.detach())
+            losses.add(loss)
             state.loss_count += 1
             state.batches_in_epoch += 1
             state.samples += labels.shape[0]
             if not accelerator.sync_gradients:
                 continue
             scheduler.step()
+            losses.end_step()
             state.step += 1
             if warming_up:  # timed apart: torch.compile compiles here, optimizers allocate state
                 warming_up = False
-                loss_sum.item()  # waits for the device, so that the step is timed whole
+                loss.item()  # waits for the device, so that the step is timed whole
                 state.warmup_seconds += time.perf_counter() - tick
                 state.warmup_samples += state.samples - samples_before
             state.skipped_steps += int(optimizer.step_was_skipped)
-            nonfinite_run = torch.where(step_nonfinite, nonfinite_run + 1, 0)
-            nonfinite_worst = torch.maximum(nonfinite_worst, nonfinite_run)
-            step_nonfinite.zero_()
             bar.update(1)
             if state.step % config.log_every == 0:
                 check_finite()

@@ -16,11 +16,14 @@ A forward pre-hook on the model stamps every training step in both loops (train(
 model as an argument), so on CPU ms/step is the steady-state median interval between steps
 (first 10 left out), then the median over repeats; train_seconds / steps (warm-up included)
 is kept too. Writes one JSON + markdown row per model.
---gpu runs the same four on the GPU (fp32, records gpu_overhead). --plain-gather index_select
-makes the plain loop gather batches as accel_mnist's DeviceLoader does (`images[idx]`, the
-inline default, costs about 20 us more per batch of 64 on CPU), so that the ratio measures the
-loop alone. (Rows before 2026-11-30 16:00 UTC had `--cache-lomo-check`, which cached
-accelerate's per-step `is_lomo_available()`; accel_mnist now always does.)
+--gpu runs the same four on the GPU (fp32, records gpu_overhead). --plain-gather makes the
+plain loop gather batches as accel_mnist's DeviceLoader does, so that the ratio measures the loop
+alone: `index_select` (`images[idx]`, the inline default, costs about 20 us more per batch of 64
+on CPU) or `normalised` (index_select from a split normalised once, as the DeviceLoader does
+where a float32 copy of it fits: four tensor ops fewer per batch). (Rows before 2026-11-30
+16:00 UTC had `--cache-lomo-check`, which cached accelerate's per-step `is_lomo_available()`;
+accel_mnist now always does. Rows before 2026-12-01 11:30 UTC had accel/device_thin, a thin
+optimizer step that accel_mnist.step_path.DirectStep now is.)
 """
 
 from __future__ import annotations
@@ -38,9 +41,8 @@ from benchmarks.baselines import plain_pytorch
 
 COLUMNS = ["config.model", "config.batch_size", "config.threads", "config.plain_gather", "ms_per_step_basis",
            "ms_per_step.plain/dataloader", "ms_per_step.plain/device", "ms_per_step.accel/torch",
-           "ms_per_step.accel/device", "ms_per_step.accel/device_thin", "ratio_accel_device_to_plain_device",
-           "ratio_accel_device_thin_to_plain_device", "ratio_accel_torch_to_plain_dataloader",
-           "ratio_device_speedup_accel"]  # fmt: skip
+           "ms_per_step.accel/device", "ratio_accel_device_to_plain_device", "ratio_min_accel_device_to_plain_device",
+           "ratio_accel_torch_to_plain_dataloader", "ratio_device_speedup_accel"]  # fmt: skip
 
 
 WARMUP = 10  # per-step intervals left out of the steady-state median
@@ -75,41 +77,7 @@ def step_stats(times: list[float]) -> dict:
             "ms_per_step_steady_mean": sum(intervals) / len(intervals) * 1e3}  # fmt: skip
 
 
-class ThinStep:
-    """An experiment, not part of accel_mnist: the prepared optimizer's step and zero_grad
-    without accelerate 1.15's per-step lookups (`is_lomo_available()` twice, a `find_spec`
-    walk over sys.path, and `inspect.signature(zero_grad)`), through public attributes only
-    (`.optimizer`, `.scaler`, `accelerator.sync_gradients`). Used only where those calls do
-    nothing else: no grad scaler, no XLA; anything else goes to the prepared optimizer."""
-
-    def __init__(self, prepared, accelerator) -> None:
-        import inspect
-
-        from accelerate.utils import DistributedType
-
-        self._prepared, self._inner, self._accelerator = prepared, prepared.optimizer, accelerator
-        self._plain = prepared.scaler is None and accelerator.distributed_type in (
-            DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)  # fmt: skip
-        self._set_to_none = "set_to_none" in inspect.signature(self._inner.zero_grad).parameters
-
-    def step(self, closure=None):
-        if not self._plain:
-            return self._prepared.step(closure)
-        if self._accelerator.sync_gradients:
-            self._inner.step(closure)
-
-    def zero_grad(self, set_to_none=None):
-        if not self._plain or set_to_none is not None or not self._set_to_none:
-            return self._prepared.zero_grad(set_to_none)
-        if self._accelerator.sync_gradients:
-            self._inner.zero_grad(set_to_none=True)
-
-    def __getattr__(self, name):
-        return getattr(self._prepared, name)
-
-
-def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_dir: str, out: str,
-              thin: bool = False) -> dict:  # fmt: skip
+def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_dir: str, out: str) -> dict:
     from accel_mnist import loop
     from accel_mnist.config import TrainConfig
 
@@ -117,18 +85,7 @@ def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_di
                          output_dir=out, overwrite=True, quiet=True, eval_batch_size=1000, export=False,
                          save_checkpoints=False, data_loader=data_loader)  # fmt: skip
     net = timed_model(model)
-    original = loop.prepare
-    if thin:  # only this benchmark's process: accel_mnist's own module, for the experiment
-
-        def prepare_thin(accelerator, *args, **kwargs):
-            model, optimizer, scheduler = original(accelerator, *args, **kwargs)
-            return model, ThinStep(optimizer, accelerator), scheduler
-
-        loop.prepare = prepare_thin
-    try:
-        results = loop.train(config, model=net)
-    finally:
-        loop.prepare = original
+    results = loop.train(config, model=net)
     if results["data_loader"] != data_loader:
         raise RuntimeError(f"asked for data_loader={data_loader}, the run used {results['data_loader']}")
     return {"steps": results["steps"], "train_seconds": results["train_seconds"],
@@ -161,9 +118,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps", default="linear=400,cnn=60", help="steps per run, per model")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--gpu", action="store_true", help="the same comparison on the GPU (fp32; records gpu_overhead)")
-    p.add_argument("--plain-gather", choices=["index", "index_select"], default="index",
-                   help="how plain/device gathers a batch: images[idx] (as written inline) or "
-                   "index_select (what accel_mnist's DeviceLoader calls)")  # fmt: skip
+    p.add_argument("--plain-gather", choices=["index", "index_select", "normalised"], default="index",
+                   help="how plain/device gathers a batch: images[idx] (as written inline), index_select "
+                   "(what accel_mnist's DeviceLoader calls), or index_select from a split normalised once "
+                   "(what the DeviceLoader does where the float32 copy fits)")  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     import torch as _torch
@@ -175,7 +133,7 @@ def main(argv=None) -> int:
     bench = "gpu_overhead" if args.gpu else "cpu_overhead"
     steps_for = dict(item.split("=") for item in args.steps.split(","))
     data_dir = benchlib.data_dir()
-    variants = ["plain/dataloader", "plain/device", "accel/torch", "accel/device", "accel/device_thin"]
+    variants = ["plain/dataloader", "plain/device", "accel/torch", "accel/device"]
     summary: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
@@ -190,8 +148,7 @@ def main(argv=None) -> int:
                         r = plain_run(model, args.batch_size, steps, data, args.threads, data_dir, args.gpu,
                                      args.plain_gather)  # fmt: skip
                     else:
-                        r = accel_run(model, args.batch_size, steps, data.removesuffix("_thin"), data_dir,
-                                      f"{tmp}/{model}-{data}-{rep}", thin=data.endswith("_thin"))  # fmt: skip
+                        r = accel_run(model, args.batch_size, steps, data, data_dir, f"{tmp}/{model}-{data}-{rep}")
                     r["ms_per_step_total"] = r["train_seconds"] / r["steps"] * 1e3
                     r["threads_after"] = torch.get_num_threads()
                     runs[v].append(r)
@@ -217,10 +174,8 @@ def main(argv=None) -> int:
                 "ms_per_step_total": ms_total,
                 "ms_per_step_min": ms_min,
                 "ratio_accel_device_to_plain_device": ms["accel/device"] / ms["plain/device"],
-                "ratio_accel_device_thin_to_plain_device": ms["accel/device_thin"] / ms["plain/device"],
                 # The fastest step seen: on a shared machine the least disturbed reading.
                 "ratio_min_accel_device_to_plain_device": ms_min["accel/device"] / ms_min["plain/device"],
-                "ratio_min_accel_device_thin_to_plain_device": ms_min["accel/device_thin"] / ms_min["plain/device"],
                 "ratio_accel_torch_to_plain_dataloader": ms["accel/torch"] / ms["plain/dataloader"],
                 "ratio_device_speedup_accel": ms["accel/torch"] / ms["accel/device"],
                 "ratio_device_speedup_plain": ms["plain/dataloader"] / ms["plain/device"],

@@ -1,6 +1,6 @@
 """Run one suite of benchmarks/suites.py and write its results folder.
 
-    python -m benchmarks cpu  [--out DIR] [--budget SECONDS] [--dry-run]
+    python -m benchmarks cpu  [--out DIR] [--budget SECONDS] [--dry-run] [--group step ...]
     python -m benchmarks h200 --recipe recipes/fast99.yaml --out DIR
 
 Every run is a fresh process. DIR (default benchmarks/results/<hardware>-<UTC date>) gets
@@ -138,14 +138,15 @@ def skip_reason(row: Row, suite: dict[str, Any], recipe: str | None) -> str | No
     return None
 
 
-def run_suite(name: str, out: Path, recipe: str | None = None, budget: float = float("inf"),
-              dry_run: bool = False, keep_runs: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Run every row of suite `name` (interleaved within groups) and return the whole record."""
+def run_suite(name: str, out: Path, recipe: str | None = None, budget: float = float("inf"), dry_run: bool = False,
+              keep_runs: bool = False, only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run every row of suite `name` (interleaved within groups; `only`: these groups) and return the record."""
     suite = SUITES[name]
     ctx = context(out, recipe)
     groups: dict[str, list[Row]] = {}
     for row in suite["rows"]:
-        groups.setdefault(row["group"], []).append(row)
+        if only is None or row["group"] in only:
+            groups.setdefault(row["group"], []).append(row)
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
@@ -175,10 +176,13 @@ def run_suite(name: str, out: Path, recipe: str | None = None, budget: float = f
             print(f"[{name}] {row['name']} #{run['index']}: rc {record['rc']}, {record['wall_seconds']:.2f} s",
                   file=sys.stderr, flush=True)  # fmt: skip
     hw = benchlib.hardware()
+    names = {row["name"] for rows in groups.values() for row in rows}  # the ratios of rows that ran here
     return {"suite": name, "date": benchlib.utc_now(), "hardware": hw, "hardware_label": benchlib.hardware_label(hw),
             "versions": benchlib.versions(), "command": shlex.join(["python", "-m", "benchmarks", *sys.argv[1:]]),
             "recipe": recipe,
-            "rows": suite["rows"], "ratios": suite.get("ratios", []), "runs": records, "skipped": skipped,
+            "rows": [row for rows in groups.values() for row in rows],
+            "ratios": [r for r in suite.get("ratios", []) if {r[0], r[1]} <= names],
+            "runs": records, "skipped": skipped,
             "suite_seconds": time.perf_counter() - start}  # fmt: skip
 
 
@@ -191,12 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=float("inf"), help="stop starting runs after this many seconds")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("--keep-runs", action="store_true", help="keep each run's folder under DIR/runs/")
+    p.add_argument("--group", action="append", default=None, help="run only this group's rows (repeatable)")
     args = p.parse_args(argv)
+    groups = {row["group"] for row in SUITES[args.suite]["rows"]}
+    if args.group and set(args.group) - groups:
+        print(f"error: --group {', '.join(sorted(set(args.group) - groups))}: not a group of {args.suite} "
+              f"({', '.join(sorted(groups))})", file=sys.stderr)  # fmt: skip
+        return 2
     if args.recipe and not Path(args.recipe).is_file():
         print(f"error: --recipe {args.recipe}: no such file", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else benchlib.default_out_dir(benchlib.hardware())
-    record = run_suite(args.suite, out, args.recipe, args.budget, args.dry_run, args.keep_runs)
+    record = run_suite(args.suite, out, args.recipe, args.budget, args.dry_run, args.keep_runs, args.group)
     if args.dry_run:
         return 0
     from benchmarks import report

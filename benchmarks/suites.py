@@ -44,6 +44,11 @@ CPU: list[Row] = [
      "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "2", "--repeats", "3",
              "--steps", "linear=300", "--out", "{run}"],
      "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+    {"name": "step_overhead_loop_only", "group": "step", "what": "the same, the plain loop gathering from a split "
+     "normalised once, as the DeviceLoader does (the loops alone)",
+     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "2", "--repeats", "3",
+             "--steps", "linear=300", "--plain-gather", "normalised", "--out", "{run}"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
     {"name": "step_overhead_1thread", "group": "step", "what": "the same with 1 thread (less exposed to other load "
      "on a shared machine)",
      "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "1", "--repeats", "3",

@@ -168,6 +168,16 @@ def test_dry_run_prints_every_command_without_running(capsys, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_group_runs_alone(capsys, tmp_path):
+    assert runner.main(["cpu", "--dry-run", "--group", "step", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    step_rows = [row for row in SUITES["cpu"]["rows"] if row["group"] == "step"]
+    assert len(lines) == sum(len(runner.runs_of(row)) for row in step_rows)
+    assert all("benchmarks.cpu_overhead" in line or "benchmarks.loader_overhead" in line for line in lines)
+    assert runner.main(["cpu", "--dry-run", "--group", "stpe", "--out", str(tmp_path)]) == 2
+    assert "error: --group stpe: not a group of cpu" in capsys.readouterr().err
+
+
 def test_runner_refuses_a_missing_recipe(capsys, tmp_path):
     assert runner.main(["h200", "--recipe", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)]) == 2
     assert "error: --recipe" in capsys.readouterr().err

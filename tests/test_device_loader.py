@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from accelerate.state import GradientState
 from torch.utils.data import BatchSampler, DataLoader
 
 from accel_mnist.data import DATASETS, ImageTensorDataset, load_split
-from accel_mnist.device_loader import DeviceLoader, choose_data_loader, device_loader_fits
+from accel_mnist.data_path import choose_data_loader, copy_fits, device_loader_fits
+from accel_mnist.device_loader import DeviceLoader
 
 MEAN, STD = DATASETS["mnist"].mean, DATASETS["mnist"].std
 
@@ -23,11 +25,11 @@ def synthetic(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels
 
 
-def loader(n, batch_size, world, rank, *, shuffle=True, seed=7, drop_last=False, data=None):
+def loader(n, batch_size, world, rank, *, shuffle=True, seed=7, drop_last=False, data=None, normalise_once=None):
     images, labels = data if data is not None else synthetic(n)
     return DeviceLoader(images, labels, MEAN, STD, batch_size, shuffle=shuffle, seed=seed,
                         num_processes=world, process_index=rank, drop_last=drop_last,
-                        register_with_accelerate=False)  # fmt: skip
+                        register_with_accelerate=False, normalise_once=normalise_once)  # fmt: skip
 
 
 def reference_batches(order: list[int], batch_size: int, world: int, rank: int, drop_last: bool) -> list[list[int]]:
@@ -83,14 +85,16 @@ def test_real_size_arithmetic(n, batch_size, world):
     assert len(seen) == expected_len
 
 
+@pytest.mark.parametrize("normalise_once", [True, False])
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_values_equal_prepared_torch_dataloader(world):
+def test_values_equal_prepared_torch_dataloader(world, normalise_once):
     """End to end against accelerate's prepare_data_loader over an ImageTensorDataset."""
     n, batch_size = 103, 10
     images, labels = synthetic(n)
     dataset = ImageTensorDataset(images, labels, MEAN, STD)
     for rank in range(world):
-        dl = loader(n, batch_size, world, rank, data=(images, labels))
+        dl = loader(n, batch_size, world, rank, data=(images, labels), normalise_once=normalise_once)
+        assert dl.images.dtype == (torch.float32 if normalise_once else torch.uint8)
         order = dl.permutation().tolist()
         torch_dl = prepare_data_loader(
             DataLoader(dataset, batch_size=batch_size, sampler=order), device=torch.device("cpu"),
@@ -128,15 +132,53 @@ def test_order_equals_the_reseeded_torch_path(world):
                 assert torch.equal(y, ty) and torch.equal(x, tx)
 
 
-def test_normalisation_equals_image_tensor_dataset():
-    images, labels = synthetic(50)
-    dataset = ImageTensorDataset(images, labels, MEAN, STD)
-    dl = loader(50, 50, 1, 0, shuffle=False, data=(images, labels))
-    ((x, y),) = list(dl)
-    assert x.shape == (50, 1, 28, 28)
-    for i in range(50):
+def equal_to_image_tensor_dataset(device: str, normalise_once: bool, n: int = 50) -> None:
+    images, labels = synthetic(n)
+    dataset = ImageTensorDataset(images, labels, MEAN, STD)  # on the CPU, with Python scalars
+    dl = DeviceLoader(images, labels, MEAN, STD, 16, shuffle=False, device=device, normalise_once=normalise_once,
+                      register_with_accelerate=False)  # fmt: skip
+    x = torch.cat([x for x, _ in dl]).cpu()
+    y = torch.cat([y for _, y in dl]).cpu()
+    assert x.shape == (n, 1, 28, 28) and x.dtype == torch.float32
+    for i in range(n):
         xi, yi = dataset[i]
-        assert torch.equal(x[i], xi) and y[i] == yi
+        assert torch.equal(x[i], xi) and y[i] == yi  # bit for bit
+
+
+@pytest.mark.parametrize("normalise_once", [True, False])
+def test_normalisation_equals_image_tensor_dataset(normalise_once):
+    equal_to_image_tensor_dataset("cpu", normalise_once)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("normalise_once", [True, False])
+def test_normalisation_on_a_gpu_equals_image_tensor_dataset_on_the_cpu(normalise_once):
+    equal_to_image_tensor_dataset("cuda", normalise_once, n=3000)
+
+
+def test_normalises_once_only_where_a_float32_copy_fits(monkeypatch):
+    import accel_mnist.device_loader as device_loader
+
+    asked: list[int] = []
+
+    def fits(answer):
+        return lambda device, nbytes: asked.append(nbytes) or answer
+
+    images, labels = synthetic(10)
+    for answer, dtype in ((True, torch.float32), (False, torch.uint8)):
+        monkeypatch.setattr(device_loader, "copy_fits", fits(answer))
+        dl = DeviceLoader(images, labels, MEAN, STD, 4, shuffle=False, num_processes=3, process_index=0,
+                          register_with_accelerate=False)  # fmt: skip
+        assert dl.normalised_once is answer and dl.images.dtype == dtype
+    assert asked == [10 * 28 * 28 * 4 * 3] * 2  # 4 bytes a pixel, a copy per CPU process
+    assert images.dtype == torch.uint8  # the dataset's own tensor is left alone
+
+
+def test_copy_fits_judges_host_memory_on_the_cpu():
+    assert not copy_fits("cpu", 10**18)
+    if os.path.isfile("/proc/meminfo"):  # Linux: its MemAvailable is read
+        assert copy_fits("cpu", 10**6)
 
 
 def test_permutation_changes_with_epoch_and_is_identical_across_ranks():

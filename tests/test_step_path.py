@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 from accelerate.utils import DistributedType
 
-from accel_mnist.step_path import DirectStep, direct_steps
+from accel_mnist.step_path import DirectStep, MicroStep, direct_steps
 
 
 def _prepared(scaler=None):
@@ -66,3 +67,47 @@ def test_the_loop_gets_the_direct_step_on_one_cpu_process(tmp_path):
         assert isinstance(optimizer, DirectStep) and isinstance(optimizer.optimizer, torch.optim.Adam)
     finally:
         accelerator.free_memory()
+
+
+def _micro(kind=DistributedType.NO, accum=1, scaler=None, sync=True):
+    calls: list = []
+    accelerator = SimpleNamespace(
+        distributed_type=kind, gradient_accumulation_steps=accum, scaler=scaler, sync_gradients=sync,
+        accumulate=lambda model: calls.append(("accumulate", model)) or contextlib.nullcontext(),
+        backward=lambda loss: calls.append(("backward", loss)),
+    )  # fmt: skip
+    return MicroStep(accelerator, "model"), calls  # type: ignore[arg-type]
+
+
+def test_one_micro_batch_per_step_needs_neither_accumulate_nor_the_division():
+    micro, calls = _micro()
+    param = torch.nn.Parameter(torch.tensor(3.0))
+    with micro.accumulate():
+        micro.backward(param * 2)
+    assert calls == [] and param.grad == 2.0  # loss.backward() itself: nothing divided
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"accum": 2}, {"kind": DistributedType.DEEPSPEED}, {"kind": DistributedType.FSDP},
+               {"kind": DistributedType.XLA}],
+)  # fmt: skip
+def test_accumulation_or_other_strategies_keep_accelerates_calls(kwargs):
+    micro, calls = _micro(**kwargs)
+    with micro.accumulate():
+        micro.backward(torch.tensor(1.0))
+    assert [name for name, _ in calls] == ["accumulate", "backward"]
+
+
+def test_a_stale_sync_flag_is_left_to_accelerate_to_set():
+    # sync_gradients=False with one micro-batch per step: an earlier run in the process left it.
+    micro, calls = _micro(sync=False)
+    with micro.accumulate():
+        pass
+    assert [name for name, _ in calls] == ["accumulate"]
+
+
+def test_a_grad_scaler_keeps_accelerates_backward():
+    micro, calls = _micro(scaler=object())
+    with micro.accumulate():
+        micro.backward(torch.tensor(1.0))
+    assert [name for name, _ in calls] == ["backward"]  # the scaler scales the loss there

@@ -10,7 +10,9 @@ Two data paths:
   --data device      the whole split on the device as uint8; each step gathers a batch of
                      rows from a per-epoch torch.randperm and normalises it there
                      (`--gather index`: images[idx], as one writes it inline;
-                     `--gather index_select`: the cheaper call accel_mnist's DeviceLoader makes).
+                     `--gather index_select`: the cheaper call accel_mnist's DeviceLoader makes;
+                     `--gather normalised`: index_select from a split normalised once, as the
+                     DeviceLoader does where a float32 copy fits).
 Same models (accel_mnist.models), same normalisation, Adam by default, optional autocast
 (--precision fp16 with a GradScaler, or bf16). Reports samples/s, ms/step (timed steps
 exclude --warmup-steps), train seconds and test accuracy; writes benchmarks/results/.
@@ -45,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--data", choices=["dataloader", "device"], default="device")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (--data dataloader)")
-    p.add_argument("--gather", choices=["index", "index_select"], default="index",
+    p.add_argument("--gather", choices=["index", "index_select", "normalised"], default="index",
                    help="--data device: images[idx] (advanced indexing) or images.index_select(0, idx)")  # fmt: skip
     p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--precision", choices=["no", "fp16", "bf16"], default="no", help="autocast dtype")
@@ -110,6 +112,8 @@ class DeviceBatches:
     def __init__(self, images, labels, mean, std, batch_size, device, shuffle, seed, gather="index"):
         self.images, self.labels, self.gather = images.to(device), labels.to(device), gather
         self.mean, self.std, self.batch_size, self.device = mean, std, batch_size, device
+        if gather == "normalised":
+            self.images = self.normalise(self.images)
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
 
     def __len__(self):
@@ -123,11 +127,15 @@ class DeviceBatches:
             order = torch.arange(n)
         self.epoch += 1
         for idx in order.to(self.device).split(self.batch_size):
-            if self.gather == "index_select":
-                images, labels = self.images.index_select(0, idx), self.labels.index_select(0, idx)
+            if self.gather == "normalised":
+                yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
+            elif self.gather == "index_select":
+                yield self.normalise(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
             else:
-                images, labels = self.images[idx], self.labels[idx]
-            yield images.to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std).unsqueeze(1), labels
+                yield self.normalise(self.images[idx]), self.labels[idx]
+
+    def normalise(self, images):
+        return images.to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std).unsqueeze(1)
 
 
 def build_loaders(args, device):
