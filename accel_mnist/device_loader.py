@@ -228,6 +228,12 @@ class DeviceLoader(DataLoaderStateMixin):
             x = self._normalise(x).unsqueeze(1)
         return x, self.labels.index_select(0, idx)
 
+    def rehearse(self) -> None:
+        """Assemble one batch of the first samples as training does, and drop it: no state
+        changes, so that the first launches of its kernels happen before the training clock."""
+        n = min(self.batch_size, self.num_samples)
+        self._batch(torch.arange(n, device=self.device))
+
     def _index_matrix(self) -> tuple[torch.Tensor, list[int]]:
         """This epoch's shard as one flat index tensor on the device plus per-batch sizes."""
         batches = self.shard_indices()

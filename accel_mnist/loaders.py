@@ -57,6 +57,12 @@ class Loaders:
                           num_workers=config.num_workers, persistent_workers=config.num_workers > 0)  # fmt: skip
         self.train, self.test = accelerator.prepare(train, test)
 
+    def rehearse(self) -> None:
+        """Build one training batch the way the device path does, outside the clock (see
+        prewarm); the torch path's batches come from the CPU, with nothing to rehearse."""
+        if self.kind == "device":
+            self.train.rehearse()
+
     def __len__(self) -> int:
         """Training batches per process per epoch."""
         return len(self.train)

@@ -88,7 +88,8 @@ def _train(
         hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
     per_process = len(train_set) // accelerator.num_processes
-    prewarm_seconds = prewarm(model, config, accelerator.device, per_process) if config.prewarm else 0.0
+    rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
+    prewarm_seconds = prewarm(model, config, accelerator.device, per_process, rehearsals) if config.prewarm else 0.0
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, bool(resume))
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
@@ -155,6 +156,7 @@ def _train(
         then()
         return time.perf_counter()
 
+    check_finite()  # nothing to find yet; its first collective and kernels are then not training time
     model.train()
     finished = state.step >= total_steps
     warming_up, samples_before = True, state.samples  # the first optimizer step of this process

@@ -402,3 +402,13 @@ def test_outside_prepare_under_two_process_deepspeed_zero2(mnist_dir):
     assert report["distributed_type"] == "DEEPSPEED" and report["num_processes"] == 2 and report["zero_stage"] == 2
     assert all(report["checks"].values()), report["checks"]
     assert report["gather_count"] == 10000
+
+
+def test_rehearsal_leaves_the_epoch_as_it_was():
+    """prewarm's rehearsal builds a batch outside the clock; the epoch's batches stay the same."""
+    dl, twin = loader(50, 8, 1, 0), loader(50, 8, 1, 0)
+    dl.set_epoch(1), twin.set_epoch(1)
+    dl.rehearse()
+    assert dl.state_dict() == twin.state_dict()
+    for (x, y), (tx, ty) in zip(dl, twin, strict=True):
+        assert torch.equal(x, tx) and torch.equal(y, ty)
