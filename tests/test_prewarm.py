@@ -23,6 +23,11 @@ def test_prewarm_leaves_model_and_rng_alone():
     assert torch.equal(rng, torch.get_rng_state())  # the copy's dropout drew from a forked stream
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="bit equality needs deterministic kernels: on an H200 two runs without prewarm already ended 1.4e-4 "
+    "apart (with prewarm 4.1e-6 from the first)",
+)
 def test_training_with_prewarm_gives_the_same_weights(mnist_dir, tmp_path):
     # bncnn: BatchNorm running statistics would differ if the warm-up touched the real model.
     base = TrainConfig(model="bncnn", max_steps=6, batch_size=32, eval_batch_size=2000, data_dir=str(mnist_dir),
