@@ -34,6 +34,11 @@ def _zero(stage: int, offload_optimizer: str = "none", offload_param: str = "non
     )
 
 
+def _zero_file(json_name):
+    return dict(distributed_type=DistributedType.DEEPSPEED, num_processes=2, mixed_precision=None, use_cpu=False,
+                deepspeed_config_file=f"accelerate_configs/{json_name}")  # fmt: skip
+
+
 # What each file must mean once accelerate has parsed it.
 # zero_stage / offload are only checked for DeepSpeed files.
 EXPECTED: dict[str, dict] = {
@@ -58,21 +63,9 @@ EXPECTED: dict[str, dict] = {
     "zero2_offload.yaml": _zero(2, offload_optimizer="cpu"),
     "zero3_offload.yaml": _zero(3, offload_optimizer="cpu", offload_param="cpu"),
     # Precision and ZeRO settings live in the JSON; accelerate forbids them in the YAML.
-    "zero_file.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED,
-        num_processes=2,
-        mixed_precision=None,
-        use_cpu=False,
-        deepspeed_config_file="accelerate_configs/deepspeed_config.json",
-    ),
+    "zero_file.yaml": _zero_file("deepspeed_config.json"),
     # The same, with a JSON that has its own optimizer and scheduler sections.
-    "zero_file_optim_sched.yaml": dict(
-        distributed_type=DistributedType.DEEPSPEED,
-        num_processes=2,
-        mixed_precision=None,
-        use_cpu=False,
-        deepspeed_config_file="accelerate_configs/deepspeed_optim_sched.json",
-    ),
+    "zero_file_optim_sched.yaml": _zero_file("deepspeed_optim_sched.json"),
     # Two machines x 8 GPUs; num_processes is the total over all machines.
     "multinode_ddp.yaml": dict(
         distributed_type=DistributedType.MULTI_GPU,
