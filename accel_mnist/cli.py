@@ -82,7 +82,7 @@ def _train(args: argparse.Namespace) -> int:
         level=min(logging.WARNING, getattr(logging, level)) if level == "DEBUG" else logging.WARNING,
     )
     logging.getLogger("accel_mnist").setLevel(level)
-    train(config)
+    train(config, plots_in_background=True)
     return 0
 
 

@@ -29,24 +29,31 @@ from .step_path import MicroStep
 from .versions import versions
 
 
-def train(config: TrainConfig, model: nn.Module | None = None) -> dict[str, Any]:
+def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_background: bool = False) -> dict[str, Any]:
     """Train `model` (default: the registry's `config.model`) and return results.json's fields.
 
     Runs unchanged on CPU, one or several GPUs and DeepSpeed ZeRO 1-3: the strategy comes from
-    the accelerate config of the launch (`accelerate launch --config_file ...`).
+    the accelerate config of the launch (`accelerate launch --config_file ...`). With
+    `config.plots` the PNGs are drawn before this returns, or, with `plots_in_background` (the
+    CLI's choice, so that a command does not wait 1-1.5 s for matplotlib), by a process of their own.
     """
     start = time.perf_counter()
     accelerator = build_accelerator(config)
     try:
         with StopSignals() as stop:
-            return _train(accelerator, config, model, start, stop)
+            return _train(accelerator, config, model, start, stop, plots_in_background)
     finally:
         # Also on failure: trackers close their runs and the process group is torn down.
         accelerator.end_training()
 
 
 def _train(
-    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, start: float, stop: StopSignals
+    accelerator: Accelerator,
+    config: TrainConfig,
+    model: nn.Module | None,
+    start: float,
+    stop: StopSignals,
+    plots_in_background: bool,
 ) -> dict[str, Any]:
     strategy = describe(accelerator)
     run_dir = RunDir(accelerator, config)
@@ -231,9 +238,12 @@ def _train(
     }  # fmt: skip
     run_dir.write_results(results)
     if config.plots and accelerator.is_main_process:
-        from .report import draw_in_background  # matplotlib runs in a process of its own
+        from .report import draw_in_background, write_report  # imports matplotlib only now
 
-        draw_in_background(run_dir.dir)
+        if plots_in_background:
+            draw_in_background(run_dir.dir)
+        else:
+            write_report(run_dir.dir)
     accelerator.wait_for_everyone()
     # Release the prepared objects before end_training: a gloo worker still holding its DDP
     # model at interpreter exit sometimes aborts ("terminate called without an active exception").

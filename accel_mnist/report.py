@@ -11,6 +11,7 @@ saved through the Agg canvas, without pyplot's global state (safe in any thread,
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -88,9 +89,13 @@ def _labels(run_dirs: Sequence[Path], results: Sequence[dict[str, Any] | None]) 
 def _save(fig: Any, out_png: str | os.PathLike) -> Path:
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    # Through a temporary file: a reader (or a run drawn in the background) never sees half a PNG.
+    # Drawn in memory, then written under a temporary name and renamed: a reader never sees half
+    # a PNG, and the temporary file exists only for the one write (someone copying the run
+    # directory while it is drawn in the background would otherwise meet it).
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=100, format="png")
     tmp = out_png.with_name(f".{out_png.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, dpi=100, format="png")
+    tmp.write_bytes(buffer.getvalue())
     os.replace(tmp, out_png)
     return out_png
 

@@ -138,8 +138,13 @@ def test_plots_can_be_left_for_later(config, plots):
 
     from accel_mnist.report import wait_for_plots
 
-    train(config.replace(plots=plots, max_steps=5, eval_every=0))
-    wait_for_plots(timeout=120)  # drawn in a process of their own
+    train(config.replace(plots=plots, max_steps=5, eval_every=0))  # drawn before train() returns
+    drawn = {p.name for p in Path(config.output_dir).glob("*.png")}
+    assert drawn == ({"training_curves.png", "confusion_matrix.png"} if plots else set())
+    for png in Path(config.output_dir).glob("*.png"):
+        png.unlink()
+    train(config.replace(plots=plots, max_steps=5, eval_every=0, overwrite=True), plots_in_background=True)
+    wait_for_plots(timeout=120)  # the CLI's way: drawn by a process of their own
     drawn = {p.name for p in Path(config.output_dir).glob("*.png")}
     assert drawn == ({"training_curves.png", "confusion_matrix.png"} if plots else set())
 
