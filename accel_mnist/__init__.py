@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .config import TrainConfig
     from .errors import ConfigError, DataError, UsageError
-    from .export import load_model
-    from .loop import evaluate, train
+    from .evaluation import evaluate
+    from .export.model_dir import load_model
     from .models import MODELS, build_model
+    from .training.loop import train
 
 # Imported on first use (PEP 562): `import accel_mnist.report` in the background plot process,
 # or `accel-mnist --help`, should not pay for torch and accelerate.
 _EXPORTS = {
-    "TrainConfig": "config", "train": "loop", "evaluate": "loop", "load_model": "export",
+    "TrainConfig": "config", "train": "training.loop", "evaluate": "evaluation", "load_model": "export.model_dir",
     "build_model": "models", "MODELS": "models",
     "UsageError": "errors", "ConfigError": "errors", "DataError": "errors",
 }  # fmt: skip

@@ -17,8 +17,8 @@ from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file
 from .errors import UsageError
-from .loop import train
-from .preemption import EXIT_PREEMPTED, Preempted
+from .training.loop import train
+from .training.preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
 
@@ -87,7 +87,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # Modules that add their own subcommands through `register(subparsers)`.
-SUBCOMMAND_MODULES = ("predict", "report", "configs")
+SUBCOMMAND_MODULES = ("export.predict", "report", "shipped")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

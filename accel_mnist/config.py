@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from .data import DATASETS
+from .data.catalog import DATASETS
+from .data.placement import DATA_LOADERS
 from .errors import ConfigError, one_line
 from .models import MODELS
 
@@ -21,7 +22,6 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow", "all")
-DATA_LOADERS = ("auto", "device", "torch")
 
 
 @dataclass

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .outputs import METRICS_FILE, RESULTS_FILE
+from .files import read_json_object, write_atomic
+from .run.outputs import METRICS_FILE, RESULTS_FILE
 
 __all__ = [
     "CURVES_FILE", "CONFUSION_FILE", "load_run", "plot_confusion_matrix", "plot_training_curves",
@@ -58,10 +59,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
     results = None
     results_file = run_dir / RESULTS_FILE
     if results_file.is_file():
-        try:
-            results = json.loads(results_file.read_text())
-        except ValueError:
-            raise UsageError(f"{results_file}: not valid JSON") from None
+        results = read_json_object(results_file)
     return rows, results
 
 
@@ -94,9 +92,7 @@ def _save(fig: Any, out_png: str | os.PathLike) -> Path:
     # directory while it is drawn in the background would otherwise meet it).
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=100, format="png")
-    tmp = out_png.with_name(f".{out_png.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, out_png)
+    write_atomic(out_png, buffer.getvalue())
     return out_png
 
 
@@ -158,7 +154,7 @@ def plot_confusion_matrix(
 
 
 def _classes(results: dict[str, Any]) -> list[str]:
-    from .data import DATASETS
+    from .data.catalog import DATASETS
 
     spec = DATASETS.get(str(results.get("dataset", "")))
     return list(spec.classes) if spec else [str(d) for d in range(len(results["confusion_matrix"]))]

@@ -23,7 +23,7 @@ on CPU) or `normalised` (index_select from a split normalised once, as the Devic
 where a float32 copy of it fits: four tensor ops fewer per batch). (Rows before 2026-11-30
 16:00 UTC had `--cache-lomo-check`, which cached accelerate's per-step `is_lomo_available()`;
 accel_mnist now always does. Rows before 2026-12-01 11:30 UTC had accel/device_thin, a thin
-optimizer step that accel_mnist.step_path.DirectStep now is.)
+optimizer step that accel_mnist.distributed.step.DirectStep now is.)
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def step_stats(times: list[float]) -> dict:
 
 
 def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_dir: str, out: str) -> dict:
-    from accel_mnist import loop
     from accel_mnist.config import TrainConfig
+    from accel_mnist.training import loop
 
     config = TrainConfig(model=model, batch_size=batch_size, max_steps=steps, data_dir=data_dir, download=False,
                          output_dir=out, overwrite=True, quiet=True, eval_batch_size=1000, export=False,

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from accel_mnist.config import TrainConfig
-from accel_mnist.data import DATASETS, load_split
-from accel_mnist.device_loader import DeviceLoader
+from accel_mnist.data.catalog import DATASETS, load_split
+from accel_mnist.data.device_loader import DeviceLoader
+from accel_mnist.distributed.strategy import build_accelerator, describe
 from accel_mnist.models import build_model
 from accel_mnist.optim import build_optimizer, build_scheduler
-from accel_mnist.runtime import build_accelerator, describe
 
 
 def main() -> int:

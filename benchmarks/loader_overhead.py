@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     """Measure both loaders, interleaved, and print the JSON line."""
     from accelerate import Accelerator
 
-    from accel_mnist.data import load_datasets
-    from accel_mnist.device_loader import DeviceLoader
+    from accel_mnist.data.catalog import load_datasets
+    from accel_mnist.data.device_loader import DeviceLoader
     from benchmarks import benchlib
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -97,7 +97,7 @@ def measure(args) -> int:
         print("memory.py: skipped: no CUDA GPU here (it measures torch.cuda.max_memory_allocated)")
         return 0
     from accel_mnist.config import TrainConfig
-    from accel_mnist.runtime import build_accelerator, describe
+    from accel_mnist.distributed.strategy import build_accelerator, describe
 
     config = TrainConfig(model="mlp", batch_size=args.batch_size, lr=1e-4)
     handlers = []

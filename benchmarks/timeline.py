@@ -24,15 +24,15 @@ from typing import Any
 T0 = time.perf_counter()
 
 PHASES = {  # phase name: (module, attribute); the loop looks each up at call time
-    "accelerator": ("accel_mnist.loop", "build_accelerator"),
-    "data": ("accel_mnist.loop", "load_datasets"),
-    "loaders": ("accel_mnist.loop", "Loaders"),
-    "prewarm": ("accel_mnist.loop", "prewarm"),
-    "run_dir": ("accel_mnist.loop", "RunDir"),
-    "prepare": ("accel_mnist.loop", "prepare"),
-    "evaluate": ("accel_mnist.loop", "evaluate"),
-    "export": ("accel_mnist.export", "full_state_dict"),
-    "export_save": ("accel_mnist.export", "save_exported"),
+    "accelerator": ("accel_mnist.training.loop", "build_accelerator"),
+    "data": ("accel_mnist.training.loop", "load_datasets"),
+    "loaders": ("accel_mnist.training.loop", "Loaders"),
+    "prewarm": ("accel_mnist.training.loop", "prewarm"),
+    "run_dir": ("accel_mnist.training.loop", "RunDir"),
+    "prepare": ("accel_mnist.training.loop", "prepare"),
+    "evaluate": ("accel_mnist.training.loop", "evaluate"),
+    "export": ("accel_mnist.export.model_dir", "full_state_dict"),
+    "export_save": ("accel_mnist.export.model_dir", "save_exported"),
     "report": ("accel_mnist.report", "write_report"),
 }
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module_name, attr) in PHASES.items():
         module = importlib.import_module(module_name)
         setattr(module, attr, _timed(name, getattr(module, attr), phases))
-    train = _timed("train", importlib.import_module("accel_mnist.loop").train, phases)
+    train = _timed("train", importlib.import_module("accel_mnist.training.loop").train, phases)
     cli.train = train  # the CLI's own reference to loop.train
     tick = time.perf_counter()
     rc = cli.main(sys.argv[1:] if argv is None else argv)

@@ -187,8 +187,8 @@ def main(argv=None) -> int:
     if device.type == "cpu":
         variants = [v for v in variants if not v.endswith(("_fused_torch", "_bf16"))]
 
-    from accel_mnist.data import DATASETS, load_split
-    from accel_mnist.device_loader import DeviceLoader
+    from accel_mnist.data.catalog import DATASETS, load_split
+    from accel_mnist.data.device_loader import DeviceLoader
 
     images, labels = load_split("mnist", benchlib.data_dir(), train=True, download=False)
     mean, std = DATASETS["mnist"].mean, DATASETS["mnist"].std

@@ -5,7 +5,7 @@ import sys
 
 from accel_mnist.cli import EXIT_USAGE, _Parser
 from accel_mnist.errors import UsageError
-from accel_mnist.predict import register
+from accel_mnist.export.predict import register
 
 
 def main() -> int:

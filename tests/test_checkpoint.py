@@ -16,9 +16,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from accel_mnist import TrainConfig, train
-from accel_mnist import checkpoint as ckpt
-from accel_mnist.errors import UsageError
-from accel_mnist.loop import NonFiniteLossError
+from accel_mnist.errors import NonFiniteLossError, UsageError
+from accel_mnist.run import checkpoint as ckpt
 from conftest import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS
 
 # mlp has dropout, so an exact resume also needs the RNG state back; eval and checkpoint

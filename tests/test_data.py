@@ -1,4 +1,4 @@
-"""Tests for accel_mnist.data: IDX parsing, validation, lookup, download fallback, datasets."""
+"""Tests for accel_mnist.data.catalog: IDX parsing, validation, lookup, download fallback, datasets."""
 
 from __future__ import annotations
 
@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 import torch
 
-from accel_mnist import data
-from accel_mnist.data import (
+from accel_mnist.data import catalog as data
+from accel_mnist.data import idx
+from accel_mnist.data.catalog import (
     DATASETS,
     DataError,
     ImageTensorDataset,
     find_split_files,
     load_datasets,
     load_split,
-    read_idx,
     resolve_data_dir,
 )
+from accel_mnist.data.idx import read_idx
 
 N_TRAIN, N_TEST = 6, 4
 
@@ -157,7 +158,7 @@ def test_read_idx_refuses_a_header_over_the_cap_before_reading(tmp_path):
     path = gzip_bomb(tmp_path / "bomb.gz", (2**31 - 1, 28, 28), 0, 0)
     with pytest.raises(DataError) as excinfo:
         read_idx(path)
-    assert_data_error(excinfo, path, "over the limit of", str(data.MAX_IDX_BYTES), "not read")
+    assert_data_error(excinfo, path, "over the limit of", str(idx.MAX_IDX_BYTES), "not read")
 
 
 def test_read_idx_cap_is_a_parameter(tmp_path, write_idx):
@@ -187,7 +188,7 @@ def test_read_idx_of_a_gzip_bomb_stays_small(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert_data_error(excinfo, path, f"more than {data.MAX_TRAILING} trailing bytes")
+    assert_data_error(excinfo, path, f"more than {idx.MAX_TRAILING} trailing bytes")
     assert peak < 16 << 20, f"peak {peak} bytes"
 
 
@@ -349,7 +350,7 @@ def test_download_failure_is_one_line(tmp_path, monkeypatch):
 
 
 def test_import_does_not_import_torchvision():
-    code = "import sys, accel_mnist.data; print('torchvision' in sys.modules)"
+    code = "import sys, accel_mnist.data.catalog; print('torchvision' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -11,9 +11,9 @@ from accelerate.data_loader import BatchSamplerShard, prepare_data_loader
 from accelerate.state import GradientState
 from torch.utils.data import BatchSampler, DataLoader
 
-from accel_mnist.data import DATASETS, ImageTensorDataset, load_split
-from accel_mnist.data_path import choose_data_loader, copy_fits, device_loader_fits
-from accel_mnist.device_loader import DeviceLoader
+from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split
+from accel_mnist.data.device_loader import DeviceLoader
+from accel_mnist.data.placement import choose_data_loader, copy_fits, device_loader_fits
 
 MEAN, STD = DATASETS["mnist"].mean, DATASETS["mnist"].std
 
@@ -158,7 +158,7 @@ def test_normalisation_on_a_gpu_equals_image_tensor_dataset_on_the_cpu(normalise
 
 
 def test_normalises_once_only_where_a_float32_copy_fits(monkeypatch):
-    import accel_mnist.device_loader as device_loader
+    import accel_mnist.data.device_loader as device_loader
 
     asked: list[int] = []
 

@@ -17,15 +17,15 @@ from safetensors.torch import load_file
 from torch import nn
 
 from accel_mnist import TrainConfig, train
-from accel_mnist import checkpoint as ckpt
-from accel_mnist.data import load_split
+from accel_mnist.data.catalog import load_split
 from accel_mnist.errors import UsageError
+from accel_mnist.run import checkpoint as ckpt
 
-from accel_mnist.export import (  # isort: skip (one line of names, kept by fmt: skip)
+from accel_mnist.export.model_dir import (  # isort: skip (one line of names, kept by fmt: skip)
     CONFIG_FILE, WEIGHTS_FILE, _sha256, export_from_checkpoint, full_state_dict, load_model, save_exported,
 )  # fmt: skip
+from accel_mnist.distributed.strategy import build_accelerator
 from accel_mnist.models import build_model
-from accel_mnist.runtime import build_accelerator
 from conftest import CONFIGS, MNIST_DIR, REPO
 
 
@@ -317,9 +317,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from accel_mnist.config import TrainConfig
-from accel_mnist.export import full_state_dict, save_exported
+from accel_mnist.export.model_dir import full_state_dict, save_exported
 from accel_mnist.models import build_model
-from accel_mnist.runtime import build_accelerator
+from accel_mnist.distributed.strategy import build_accelerator
 
 out = Path(sys.argv[1])
 config = TrainConfig(model="linear", batch_size=8, output_dir=str(out))
@@ -426,7 +426,7 @@ def test_two_process_export_matches_checkpoint_export(tmp_path, config, precisio
 )  # fmt: skip
 def test_json_from_others_is_bounded_and_checked(tmp_path, content, message):
     from accel_mnist.errors import UsageError
-    from accel_mnist.json_file import read_json_object
+    from accel_mnist.files import read_json_object
 
     (tmp_path / "config.json").write_bytes(content)
     with pytest.raises(UsageError, match=f"^x: {message}"):

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from accel_mnist import TrainConfig, train
-from accel_mnist import checkpoint as ckpt
 from accel_mnist.errors import UsageError
-from accel_mnist.preemption import EXIT_PREEMPTED, MARKER_FILE
+from accel_mnist.run import checkpoint as ckpt
+from accel_mnist.run.outputs import PREEMPTED_FILE
+from accel_mnist.training.preemption import EXIT_PREEMPTED
 from conftest import CONFIGS, MNIST_DIR, REPO
 from test_checkpoint import _find_rank, final_weights, kill_tree, metrics_rows
 
@@ -144,7 +145,7 @@ def test_a_signal_saves_the_current_step_and_auto_resumes_exactly(launch, sig, t
         code = proc.wait(timeout=60)
     finally:
         kill_tree(proc.pid)
-    marker = json.loads((broken / MARKER_FILE).read_text())
+    marker = json.loads((broken / PREEMPTED_FILE).read_text())
     assert 20 < marker["step"] < 120 and marker["signal"] == sig.name, marker
     assert ckpt.list_checkpoints(broken)[-1].name == f"step_{marker['step']}"
     err = log.read_text()
@@ -154,7 +155,7 @@ def test_a_signal_saves_the_current_step_and_auto_resumes_exactly(launch, sig, t
     proc = run(command(launch, broken, "--resume-from", "auto"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {broken / 'checkpoints' / ('step_' + str(marker['step']))}" in proc.stdout
-    assert not (broken / MARKER_FILE).exists()
+    assert not (broken / PREEMPTED_FILE).exists()
     assert metrics_rows(broken) == metrics_rows(whole)
     same_weights(whole, broken)
 

@@ -27,11 +27,11 @@ from accelerate.utils import DistributedType, is_cuda_available
 from safetensors.torch import load_file
 
 from accel_mnist import TrainConfig, load_model
-from accel_mnist import checkpoint as ckpt
-from accel_mnist.checkpoint_weights import FSDP_FULL, FSDP_SHARDED, checkpoint_weights
+from accel_mnist.distributed.strategy import build_accelerator, prepare
+from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy
 from accel_mnist.errors import UsageError
-from accel_mnist.runtime import build_accelerator, prepare
-from accel_mnist.strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy
+from accel_mnist.run import checkpoint as ckpt
+from accel_mnist.run.checkpoint_weights import FSDP_FULL, FSDP_SHARDED, checkpoint_weights
 from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
 
 no_gpu_only = pytest.mark.skipif(is_cuda_available(), reason="about machines without a GPU")
@@ -174,7 +174,7 @@ MAKE_CHECKPOINTS = textwrap.dedent(
     # The live export's path (export.full_state_dict) on this FSDP2 model, in every rank.
     from types import SimpleNamespace
     from accelerate.utils import DistributedType
-    from accel_mnist.export import full_state_dict
+    from accel_mnist.export.model_dir import full_state_dict
     fsdp_run = SimpleNamespace(distributed_type=DistributedType.FSDP, num_processes=state.num_processes,
                                state=SimpleNamespace(deepspeed_plugin=None), unwrap_model=lambda m, **kw: m)
     live = full_state_dict(fsdp_run, model)

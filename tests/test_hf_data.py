@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from accel_mnist import DataError, TrainConfig, train
-from accel_mnist.data import load_datasets, load_split
-from accel_mnist.hf_data import load_hf_datasets, pixel_mean_std
+from accel_mnist.data.catalog import load_datasets, load_split
+from accel_mnist.data.hf import load_hf_datasets, pixel_mean_std
 from conftest import MNIST_DIR
 
 datasets = pytest.importorskip("datasets")

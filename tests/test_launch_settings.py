@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from accel_mnist import TrainConfig
+from accel_mnist.distributed.launch_settings import check_launch
 from accel_mnist.errors import UsageError
-from accel_mnist.launch_settings import check_launch
 from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
 
 QUICK = ["--model", "linear", "--max-steps", "2", "--eval-every", "0", "--no-download", "--no-export",
@@ -167,8 +167,8 @@ def test_fp8_reports_converted_layers_or_refuses(tmp_path, data):
 
 
 def test_fp8_convertible_layers_follow_accelerates_filter():
+    from accel_mnist.distributed.strategy import fp8_convertible_layers
     from accel_mnist.models import build_model
-    from accel_mnist.runtime import fp8_convertible_layers
 
     assert fp8_convertible_layers(build_model("mlp")) == ["net.3"]
     assert fp8_convertible_layers(build_model("linear")) == []
@@ -197,7 +197,7 @@ def test_process_count_check(argv, refused, tmp_path, no_accelerate_env):
     wizard = tmp_path / "wizard.yaml"
     wizard.write_text(WIZARD_MULTI_CPU)
     args = parsed_launch(*[str(wizard) if a == "WIZARD" else a for a in argv])
-    no_accelerate_env.setattr("accel_mnist.launch_settings.launcher_args", lambda: args)
+    no_accelerate_env.setattr("accel_mnist.distributed.launch_settings.launcher_args", lambda: args)
     no_accelerate_env.delenv("WORLD_SIZE", raising=False)
     if refused:
         with pytest.raises(UsageError, match="started only this one"):
@@ -208,6 +208,6 @@ def test_process_count_check(argv, refused, tmp_path, no_accelerate_env):
 
 def test_gradient_clipping_flag_outside_deepspeed_is_reported(no_accelerate_env):
     args = parsed_launch("--config_file", str(CONFIGS / "cpu.yaml"), "--gradient_clipping", "1.0")
-    no_accelerate_env.setattr("accel_mnist.launch_settings.launcher_args", lambda: args)
+    no_accelerate_env.setattr("accel_mnist.distributed.launch_settings.launcher_args", lambda: args)
     notes = check_launch(TrainConfig()).notes
     assert len(notes) == 1 and "--gradient_clipping 1.0 only applies to DeepSpeed" in notes[0]

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from accel_mnist.loss_tally import LossTally
+from accel_mnist.training.loss_tally import LossTally
 
 CPU = torch.device("cpu")
 

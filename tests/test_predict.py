@@ -19,12 +19,12 @@ import torch
 from PIL import Image, ImageFile
 
 from accel_mnist import TrainConfig, train
-from accel_mnist.data import load_split
+from accel_mnist.data.catalog import load_split
+from accel_mnist.distributed.strategy import build_accelerator
 from accel_mnist.errors import UsageError
-from accel_mnist.export import full_state_dict, load_model, save_exported
+from accel_mnist.export.model_dir import full_state_dict, load_model, save_exported
+from accel_mnist.export.predict import evaluate_exported, predict_files
 from accel_mnist.models import build_model
-from accel_mnist.predict import evaluate_exported, predict_files
-from accel_mnist.runtime import build_accelerator
 from conftest import CONFIGS, MNIST_DIR, REPO
 
 MEAN, STD = 0.1307, 0.3081

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from accel_mnist import TrainConfig, train
-from accel_mnist.prewarm import prewarm
+from accel_mnist.training.prewarm import prewarm
 
 
 def test_prewarm_leaves_model_and_rng_alone():

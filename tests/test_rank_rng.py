@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from accel_mnist import TrainConfig, train
-from accel_mnist import checkpoint as ckpt
+from accel_mnist.run import checkpoint as ckpt
 from conftest import CONFIGS, REPO
 
 # Run by `accelerate launch`: records, per rank, the weights the library builds (before any
@@ -25,7 +25,7 @@ import json, sys
 import torch
 from torch import nn
 from accelerate import PartialState
-import accel_mnist.loop as loop
+import accel_mnist.training.loop as loop
 from accel_mnist import TrainConfig, train
 
 config = TrainConfig.from_dict(json.loads(sys.argv[1]))

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from accel_mnist import TrainConfig, train
-from accel_mnist import checkpoint as ckpt
 from accel_mnist.errors import UsageError
-from accel_mnist.safe_load import load_file, verify_checkpoint
+from accel_mnist.run import checkpoint as ckpt
+from accel_mnist.run.safe_load import load_file, verify_checkpoint
 from conftest import CONFIGS, MNIST_DIR, REPO
 
 ZERO2 = ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from accel_mnist import TrainConfig, train
-from accel_mnist.outputs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE
+from accel_mnist.run.outputs import CONFIG_FILE, METRICS_FILE, RESULTS_FILE
 
 RESULT_KEYS = {
     "test_accuracy", "test_loss", "train_loss", "epochs", "steps", "samples_per_second",

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from accel_mnist.data import DATASETS, ImageTensorDataset, load_split
+from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split
 from accel_mnist.models import build_model, num_parameters
 from benchmarks import benchlib
 

@@ -11,7 +11,7 @@ Changes from the post (everything else is as written there):
      engine's dtype (fp16 weights want fp16 inputs); the post fed CPU fp32 tensors to a
      CUDA fp16 model, which fails at the first forward.
   2. Data: the IDX files are read from $ACCEL_MNIST_DATA_DIR (or --data-dir) with
-     accel_mnist.data.load_split, and served by torchvision's own MNIST.__getitem__ (PIL
+     accel_mnist.data.catalog.load_split, and served by torchvision's own MNIST.__getitem__ (PIL
      image + transforms.ToTensor(), exactly the post's per-sample pipeline). Why not
      `datasets.MNIST(root, download=False)`: torchvision then insists on decompressed files
      under <root>/MNIST/raw/ and the shared copy is flat .gz files, while download=True
@@ -49,7 +49,7 @@ import torchvision.datasets as datasets
 import torchvision.transforms as transforms
 from torchvision.datasets.vision import VisionDataset
 
-from accel_mnist.data import load_split
+from accel_mnist.data.catalog import load_split
 from benchmarks import benchlib
 
 COLUMNS = ["world_size", "fp16", "epochs_run", "steps", "samples_per_second", "ms_per_step",

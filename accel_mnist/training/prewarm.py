@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import TrainConfig
+from ..config import TrainConfig
 
 
 def prewarm(
@@ -35,7 +35,7 @@ def prewarm(
     bookkeeping): CUDA loads each kernel on its first launch, and those first launches cost
     about 0.1 s of the first step on an H200 (benchmarks/results/h200-2026-12-01b).
     """
-    from .optim import build_optimizer
+    from ..optim import build_optimizer
 
     start = time.perf_counter()
     devices = [] if device.type == "cpu" else [device.index or 0]

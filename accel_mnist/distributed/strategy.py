@@ -19,12 +19,12 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 
-from .config import TrainConfig
+from ..config import TrainConfig
+from ..errors import UsageError
+from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .elastic import join_restarted_group
-from .errors import UsageError
 from .launch_settings import check_launch, env_flag
-from .optim import build_optimizer, build_scheduler, check_deepspeed_optim
-from .step_path import direct_steps
+from .step import direct_steps
 from .strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy, describe_extra, multi_process_device_available
 
 logger = get_logger(__name__)

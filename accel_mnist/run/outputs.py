@@ -6,34 +6,14 @@ Plain file operations; which process calls them, and when, is decided by run_dir
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path, limit: int = 1 << 20) -> Any:
-    """A small JSON file written by an earlier run, or None when absent, too large or unreadable."""
-    try:
-        if path.stat().st_size > limit:
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+# Written by the main process when a signal stopped the run after its checkpoint.
+PREEMPTED_FILE = "preempted.json"
 
 
 def truncate_metrics(run_dir: Path, resume_step: int | None) -> None:

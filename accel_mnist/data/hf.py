@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import DataError, one_line
+from ..errors import DataError, one_line
 from .tensor_dataset import ImageTensorDataset, check_label_range
 
 __all__ = ["load_hf_datasets", "find_columns", "split_to_tensors", "pixel_mean_std"]

@@ -9,7 +9,6 @@ crash mid-save leaves the previous checkpoint as the one `latest` finds.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import shutil
@@ -19,9 +18,9 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from .consensus import agree
-from .errors import UsageError, one_line
-from .outputs import write_json_atomic
+from ..distributed.consensus import agree
+from ..errors import UsageError, one_line
+from ..files import read_json_object, write_json_atomic
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -125,9 +124,8 @@ def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path | None:
 def read_state(path: Path) -> TrainState:
     """The TrainState saved in checkpoint folder `path`; a one-line error if unreadable."""
     try:
-        raw = json.loads((path / STATE_FILE).read_text())
-        return TrainState(**raw)
-    except (OSError, ValueError, TypeError) as e:
+        return TrainState(**read_json_object(path / STATE_FILE))
+    except TypeError as e:
         raise UsageError(f"{path / STATE_FILE}: unreadable checkpoint state ({e})") from None
 
 

@@ -15,9 +15,9 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from .config import TrainConfig
-from .data_path import choose_data_loader
-from .device_loader import DeviceLoader
+from ..config import TrainConfig
+from ..data.device_loader import DeviceLoader
+from ..data.placement import choose_data_loader
 
 
 class Loaders:

@@ -9,7 +9,6 @@ with `load_model` in a plain process: no Accelerate, no DeepSpeed, and no pickle
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import uuid
@@ -19,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import STATE_FILE
-from .checkpoint_weights import checkpoint_weights, read_safetensors
-from .errors import UsageError, one_line
-from .json_file import read_json_object
+from ..errors import UsageError, one_line
+from ..files import fsync_file, json_bytes, read_json_object
+from ..run.checkpoint import STATE_FILE
+from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
@@ -122,7 +121,7 @@ def save_exported(
     """
     from safetensors.torch import save_file
 
-    from .data import DATASETS
+    from ..data.catalog import DATASETS
 
     extra = dict(extra or {})
     if dataset in DATASETS:
@@ -147,9 +146,9 @@ def save_exported(
             "mean": spec.mean, "std": spec.std, "format_version": FORMAT_VERSION,
             "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
         }  # fmt: skip
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
         for name in (WEIGHTS_FILE, CONFIG_FILE):
-            _fsync(tmp / name)
+            fsync_file(tmp / name)
         if out_dir.is_dir() and any(out_dir.iterdir()):
             # Other files may share the directory (a run's results, say): replace only ours,
             # the weights first, since the config is what vouches for them.
@@ -170,11 +169,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
 
 
 def export_from_checkpoint(
@@ -199,7 +193,7 @@ def export_from_checkpoint(
         raise UsageError(f"{ckpt / STATE_FILE}: no model name")
 
     weights = _fp32_cpu(_strip_wrapper_prefixes(checkpoint_weights(ckpt, trust_checkpoint)))
-    from .models import MODELS
+    from ..models import MODELS
 
     if model_name in MODELS:  # fail now, not at load time, if the name does not fit the weights
         _check_fits(MODELS[model_name](), weights, f"{ckpt}: the checkpoint's weights", model_name)
@@ -224,7 +218,7 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
 
     `model` is required for a user-defined model (one not in the registry) and gets the weights.
     """
-    from .models import MODELS
+    from ..models import MODELS
 
     path = Path(path)
     if not path.is_dir():

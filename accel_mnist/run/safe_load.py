@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import UsageError, one_line
+from ..errors import UsageError, one_line
 
 # What accelerate and DeepSpeed name their pickles; model weights are safetensors, read
 # without unpickling, and the JSON and text files are parsed, not executed.
@@ -115,10 +115,10 @@ def load_file(path: Path, allowed: list[Any]) -> Any:
                 "(--trust-checkpoint)"
             ) from None
         raise UsageError(
-            f"{path}: corrupt, or not loadable without unpickling arbitrary objects ({_first_line(e)})"
+            f"{path}: corrupt, or not loadable without unpickling arbitrary objects ({one_line(e)})"
         ) from None
     except (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{path}: corrupt or unreadable checkpoint file ({_first_line(e)})") from None
+        raise UsageError(f"{path}: corrupt or unreadable checkpoint file ({one_line(e)})") from None
 
 
 # A DCP .metadata lists every tensor's chunks: kilobytes for these models. The cap keeps a
@@ -227,7 +227,7 @@ def _check_safetensors(path: Path) -> None:
         with safe_open(path, "pt") as f:  # parses the JSON header only
             f.keys()
     except (SafetensorError, OSError, ValueError) as e:
-        raise UsageError(f"{path}: not a valid safetensors file ({_first_line(e)})") from None
+        raise UsageError(f"{path}: not a valid safetensors file ({one_line(e)})") from None
 
 
 def _same_numpy_state(a: Any, b: Any) -> bool:
@@ -235,12 +235,3 @@ def _same_numpy_state(a: Any, b: Any) -> bool:
         np.array_equal(x, y) if isinstance(x, np.ndarray) or isinstance(y, np.ndarray) else x == y
         for x, y in zip(a, b, strict=True)
     )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    # torch wraps its unpickler's message in paragraphs of advice; the cause comes last.
-    found = re.search(r"WeightsUnpickler error:(.*?)(Check the documentation|$)", text, re.DOTALL)
-    if found and found.group(1).strip():
-        return one_line(found.group(1))
-    return one_line(text.splitlines()[0]) if text else type(error).__name__

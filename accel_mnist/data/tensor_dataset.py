@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .errors import DataError
+from ..errors import DataError
 
 
 def check_label_range(labels: np.ndarray, n_classes: int, where: str, suffix: str = "") -> None:

@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast
 
-from .errors import UsageError
+from ..errors import UsageError
 
 T = TypeVar("T")
 _MESSAGE_BYTES = 1024

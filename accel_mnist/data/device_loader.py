@@ -43,7 +43,7 @@ import torch
 from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 
-from .data_path import copy_fits
+from .placement import copy_fits
 
 __all__ = ["DeviceLoader"]
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from .config import DATA_LOADERS
+__all__ = ["DATA_LOADERS", "choose_data_loader", "copy_fits", "dataset_nbytes", "device_loader_fits"]
 
-__all__ = ["choose_data_loader", "copy_fits", "dataset_nbytes", "device_loader_fits"]
+DATA_LOADERS = ("auto", "device", "torch")
 
 
 def dataset_nbytes(dataset: Any) -> int:

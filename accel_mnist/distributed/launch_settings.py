@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig
-from .errors import ConfigError, UsageError
-from .json_file import read_json_object
-from .optim import check_deepspeed_optim
+from ..config import TrainConfig
+from ..errors import ConfigError, UsageError
+from ..files import read_json_object
+from ..optim import check_deepspeed_optim
 
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
 _FP8_BACKENDS = ("torchao", "transformer_engine", "msamp")

@@ -20,13 +20,13 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from ..config import TrainConfig
+from ..data.catalog import resolve_data_dir
+from ..distributed.consensus import agree, gather_ints, seen_by_every_node
+from ..errors import UsageError
+from ..files import read_json_if_valid, write_json_atomic
 from . import checkpoint as ckpt
 from . import outputs
-from .config import TrainConfig
-from .consensus import agree, gather_ints, seen_by_every_node
-from .data import resolve_data_dir
-from .errors import UsageError
-from .preemption import MARKER_FILE
 
 # Settings whose change turns a finished run into another run: auto then does not return it.
 _FINISHED_KEYS = (*ckpt.MUST_MATCH, "batch_size", "epochs", "max_steps", "stop_at_accuracy")
@@ -77,8 +77,8 @@ class RunDir:
         return Plan(resume=resume, state=ckpt.read_state(resume) if resume else None)
 
     def _finished_results(self) -> dict[str, Any] | None:
-        results = outputs.read_json(self.dir / outputs.RESULTS_FILE)
-        saved = outputs.read_json(self.dir / outputs.CONFIG_FILE)
+        results = read_json_if_valid(self.dir / outputs.RESULTS_FILE)
+        saved = read_json_if_valid(self.dir / outputs.CONFIG_FILE)
         if not isinstance(results, dict) or not isinstance(saved, dict):
             return None
         now = self.config.to_dict()
@@ -141,10 +141,10 @@ class RunDir:
                 for later in earlier:
                     if ckpt.step_of(later) > resume_step:
                         shutil.rmtree(later, ignore_errors=True)
-            outputs.write_json_atomic(self.dir / outputs.CONFIG_FILE, self.config.to_dict())
+            write_json_atomic(self.dir / outputs.CONFIG_FILE, self.config.to_dict())
             outputs.truncate_metrics(self.dir, resume_step)
             (self.dir / outputs.RESULTS_FILE).unlink(missing_ok=True)
-            (self.dir / MARKER_FILE).unlink(missing_ok=True)
+            (self.dir / outputs.PREEMPTED_FILE).unlink(missing_ok=True)
         acc.wait_for_everyone()
 
     def log_metrics(self, row: dict[str, Any]) -> None:
@@ -160,13 +160,13 @@ class RunDir:
         """Leave `preempted.json` for a requeue script: the launcher's own exit code is torchrun's."""
         if self.accelerator.is_main_process:
             info = {"signal": signal_name, "step": step, "checkpoint": str(checkpoint)}
-            outputs.write_json_atomic(self.dir / MARKER_FILE, info)
+            write_json_atomic(self.dir / outputs.PREEMPTED_FILE, info)
         self.accelerator.wait_for_everyone()
 
     def write_results(self, results: dict[str, Any]) -> None:
         """Write results.json atomically (main process)."""
         if self.accelerator.is_main_process:
-            outputs.write_json_atomic(self.dir / outputs.RESULTS_FILE, results)
+            write_json_atomic(self.dir / outputs.RESULTS_FILE, results)
 
 
 def _describe(kind: int, step: int) -> str:

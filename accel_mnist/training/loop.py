@@ -13,20 +13,21 @@ from accelerate.utils import set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import checkpoint as ckpt
-from . import consensus
-from .config import TrainConfig
-from .data import load_datasets
-from .errors import UsageError
+from ..config import TrainConfig
+from ..data.catalog import load_datasets
+from ..distributed import consensus
+from ..distributed.step import MicroStep
+from ..distributed.strategy import build_accelerator, check_model, describe, prepare
+from ..errors import NonFiniteLossError
+from ..evaluation import evaluate
+from ..models import build_model, num_parameters
+from ..run import checkpoint as ckpt
+from ..run.directory import RunDir
+from ..versions import versions
 from .loaders import Loaders
 from .loss_tally import LossTally
-from .models import build_model, num_parameters
 from .preemption import Preempted, StopSignals
 from .prewarm import prewarm
-from .run_dir import RunDir
-from .runtime import build_accelerator, check_model, describe, prepare
-from .step_path import MicroStep
-from .versions import versions
 
 
 def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_background: bool = False) -> dict[str, Any]:
@@ -219,7 +220,7 @@ def _train(
                 break
     bar.close()
     if config.export:
-        from .export import full_state_dict, save_exported
+        from ..export.model_dir import full_state_dict, save_exported
 
         weights = full_state_dict(accelerator, model)  # all ranks: ZeRO-3 gathers the shards
         if accelerator.is_main_process:
@@ -238,7 +239,7 @@ def _train(
     }  # fmt: skip
     run_dir.write_results(results)
     if config.plots and accelerator.is_main_process:
-        from .report import draw_in_background, write_report  # imports matplotlib only now
+        from ..report import draw_in_background, write_report  # imports matplotlib only now
 
         if plots_in_background:
             draw_in_background(run_dir.dir)
@@ -253,36 +254,3 @@ def _train(
 
 def _every(step: int, n: int) -> bool:
     return n > 0 and step % n == 0
-
-
-class NonFiniteLossError(UsageError):
-    """Training diverged: the loss stayed NaN/inf for --max-nonfinite steps."""
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, loader: Any, accelerator: Accelerator, input_dtype: torch.dtype = torch.float32
-) -> dict[str, Any]:
-    """test_loss, test_accuracy, test_samples and a 10x10 confusion matrix (rows: true class).
-
-    `gather_for_metrics` drops the samples that even sharding duplicated, so exactly the
-    dataset's images are counted at any world size.
-    """
-    was_training = model.training
-    model.eval()
-    loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)
-    confusion = torch.zeros(100, device=accelerator.device, dtype=torch.int64)
-    for inputs, labels in loader:
-        logits = model(inputs.to(input_dtype)).float()
-        logits, labels = accelerator.gather_for_metrics((logits, labels))
-        loss_sum += F.cross_entropy(logits, labels, reduction="sum").double()
-        confusion += torch.bincount(labels * 10 + logits.argmax(dim=1), minlength=100)
-    model.train(was_training)
-    confusion_matrix = confusion.view(10, 10).cpu()
-    count = int(confusion_matrix.sum())
-    return {
-        "test_loss": loss_sum.item() / count,
-        "test_accuracy": confusion_matrix.diagonal().sum().item() / count,
-        "test_samples": count,
-        "confusion_matrix": confusion_matrix.tolist(),
-    }

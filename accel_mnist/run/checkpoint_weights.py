@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .errors import UsageError, one_line
+from ..errors import UsageError, one_line
 from .safe_load import MAX_METADATA_BYTES, allowed_globals, check_dcp_metadata, refusal, weights_only_loads
 
 # What accelerate 1.15's save_state writes for the first prepared model: SAFE_WEIGHTS_NAME

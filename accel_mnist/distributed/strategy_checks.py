@@ -11,7 +11,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from .errors import UsageError
+from ..errors import UsageError
 
 FSDP_NEEDS_A_DEVICE = (
     "FSDP needs a GPU (or another accelerator Accelerate supports): without one, Accelerate 1.15 sets up "

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError, one_line
+from ..errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -41,11 +41,11 @@ def evaluate_exported(
     """
     import torch
 
-    from .config import TrainConfig
-    from .data import ImageTensorDataset, load_datasets, load_split
-    from .export import load_model, read_export_config
-    from .loop import evaluate
-    from .runtime import build_accelerator
+    from ..config import TrainConfig
+    from ..data.catalog import ImageTensorDataset, load_datasets, load_split
+    from ..distributed.strategy import build_accelerator
+    from ..evaluation import evaluate
+    from .model_dir import load_model, read_export_config
 
     if batch_size < 1:
         raise UsageError(f"--batch-size: must be >= 1, got {batch_size}")
@@ -165,7 +165,7 @@ def _read_idx_images(path: Path) -> torch.Tensor:
     import numpy as np
     import torch
 
-    from .data import read_idx
+    from ..data.idx import read_idx
 
     with open(path, "rb") as f:
         head = f.read(2)
@@ -208,7 +208,7 @@ def register(subparsers: Any) -> None:
 
 
 def _export_command(args: argparse.Namespace) -> int:
-    from .export import export_from_checkpoint, read_export_config
+    from .model_dir import export_from_checkpoint, read_export_config
 
     out = export_from_checkpoint(args.checkpoint, args.output, trust_checkpoint=args.trust_checkpoint)
     config = read_export_config(out)
@@ -231,7 +231,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
 
 
 def _predict_command(args: argparse.Namespace) -> int:
-    from .export import load_model, read_export_config
+    from .model_dir import load_model, read_export_config
 
     model = load_model(args.model_path)
     config = read_export_config(args.model_path)

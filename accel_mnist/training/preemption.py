@@ -17,7 +17,6 @@ from types import FrameType, TracebackType
 # sysexits.h's EX_TEMPFAIL, "try again later": what a requeue script looks for.
 EXIT_PREEMPTED = 75
 SIGNALS = ("SIGTERM", "SIGUSR1")
-MARKER_FILE = "preempted.json"
 
 
 class Preempted(Exception):

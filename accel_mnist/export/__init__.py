@@ -1,0 +1,1 @@
+"""Exported models: writing, loading, evaluating and predicting with them."""

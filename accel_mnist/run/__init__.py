@@ -1,0 +1,1 @@
+"""A run's directory: its files, checkpoints, the weights inside them, and loading them safely."""
