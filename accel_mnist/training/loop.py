@@ -1,10 +1,16 @@
-"""The training loop: one loop for every strategy, because Accelerate hides the strategy."""
+"""The training loop: one loop for every strategy, because Accelerate hides the strategy.
+
+`train()` reads as start, fit, finish. The loop asks the `Cadence` what is due after each
+optimizer step; what the strategy changes lives in `distributed/`, not here.
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -17,53 +23,56 @@ from ..config import TrainConfig
 from ..data.catalog import load_datasets
 from ..distributed import consensus
 from ..distributed.step import MicroStep
-from ..distributed.strategy import build_accelerator, check_model, describe, prepare
+from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
 from ..errors import NonFiniteLossError
 from ..evaluation import evaluate
 from ..models import build_model, num_parameters
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
 from ..versions import versions
+from .cadence import Cadence
+from .clock import TrainingClock
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
 from .prewarm import prewarm
+from .records import metrics_row, results_record
 
 
 def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_background: bool = False) -> dict[str, Any]:
     """Train `model` (default: the registry's `config.model`) and return results.json's fields.
 
-    Runs unchanged on CPU, one or several GPUs and DeepSpeed ZeRO 1-3: the strategy comes from
-    the accelerate config of the launch (`accelerate launch --config_file ...`). With
+    Runs unchanged on CPU, one or several GPUs, DDP, DeepSpeed ZeRO 1-3 and FSDP: the strategy
+    comes from the accelerate config of the launch (`accelerate launch --config_file ...`). With
     `config.plots` the PNGs are drawn before this returns, or, with `plots_in_background` (the
-    CLI's choice, so that a command does not wait 1-1.5 s for matplotlib), by a process of their own.
+    CLI's choice, so that a command does not wait for matplotlib), by a process of their own.
     """
     start = time.perf_counter()
     accelerator = build_accelerator(config)
     try:
         with StopSignals() as stop:
-            return _train(accelerator, config, model, start, stop, plots_in_background)
+            run = start_run(accelerator, config, model, stop)
+            if isinstance(run, dict):  # a finished run's results: nothing to train
+                return run
+            run.fit()
+            return run.finish(start, plots_in_background)
     finally:
         # Also on failure: trackers close their runs and the process group is torn down.
         accelerator.end_training()
 
 
-def _train(
-    accelerator: Accelerator,
-    config: TrainConfig,
-    model: nn.Module | None,
-    start: float,
-    stop: StopSignals,
-    plots_in_background: bool,
-) -> dict[str, Any]:
-    strategy = describe(accelerator)
+def start_run(
+    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, stop: StopSignals
+) -> TrainingRun | dict[str, Any]:
+    """Check everything on every rank, then open the output directory and prepare the objects;
+    a finished run's results instead where `output_dir` holds one."""
+    strategy = strategy_fields(accelerator)
     run_dir = RunDir(accelerator, config)
     plan = run_dir.plan()  # agreed by every rank: what --resume-from means here
     if plan.finished is not None:
         accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
         return plan.finished
-    resume = plan.resume
-    state = plan.state or ckpt.TrainState()
+    resume, state = plan.resume, plan.state or ckpt.TrainState()
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
 
@@ -74,183 +83,240 @@ def _train(
     model = build_model(config.model) if model is None else model
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
-    n_params = num_parameters(model)
     state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
     data = Loaders(train_set, test_set, config, accelerator)
-    batches = len(data)
-    steps_per_epoch = math.ceil(batches / accelerator.gradient_accumulation_steps)
+    steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     if resume:
-        saved_state, where = state, resume
-        consensus.agree(
-            accelerator, lambda: ckpt.check_compatible(saved_state, strategy, config.to_dict(), where, total_steps)
-        )
+        saved, where, settings = state, resume, config.to_dict()
+        consensus.agree(accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps))
         state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
     check_model(accelerator, model)
     # Only now, with every check passed on every rank, is anything in the output directory touched.
     run_dir.open(plan)
     if config.report_to != "none":
-        hparams = {k: "none" if v is None else v for k, v in config.to_dict().items()}
+        hparams = {k: "none" if v is None else v for k, v in state.config.items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
-    per_process = len(train_set) // accelerator.num_processes
-    rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
-    prewarm_seconds = prewarm(model, config, accelerator.device, per_process, rehearsals) if config.prewarm else 0.0
-    model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, bool(resume))
+    facts = {
+        "model": model_name,
+        "dataset": config.dataset,
+        "num_parameters": num_parameters(model),
+        "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
+        **strategy,
+        "data_loader": data.kind,
+        "prewarm_seconds": 0.0,
+        "versions": versions(),
+    }
+    if config.prewarm:
+        rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
+        per_process = len(train_set) // accelerator.num_processes
+        facts["prewarm_seconds"] = prewarm(model, config, accelerator.device, per_process, rehearsals)
+    model, optimizer, scheduler = prepare(accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume))
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")
-    # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
-    # match; elsewhere they stay fp32 and autocast (if any) does the casting.
-    input_dtype = next(model.parameters()).dtype
-    micro = MicroStep(accelerator, model)
-    # The train loss's sum and the non-finite steps, folded only where the loop syncs anyway.
-    losses = LossTally(accelerator.device, state.loss_sums[accelerator.process_index] if state.loss_sums else 0.0)
-    metrics: dict[str, Any] = {}
-    confusion_matrix: list[list[int]] = []
-    bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=True if config.quiet or not accelerator.is_main_process else None)  # fmt: skip
+    return TrainingRun(
+        accelerator,
+        config,
+        stop,
+        run_dir,
+        state,
+        data,
+        model,
+        optimizer,
+        scheduler,
+        Cadence.of(config, state.total_steps),
+        steps_per_epoch,
+        facts,
+    )
 
-    def check_finite() -> None:
-        # Collective, so that every rank stops together rather than one waiting for the others;
-        # the same gather tells every rank whether any of them was asked to stop by a signal.
-        losses.fold()
-        flags = torch.tensor([[losses.worst, int(stop.received is not None)]], device=accelerator.device)
-        worst, signalled = accelerator.gather(flags).amax(0).tolist()
-        stop.agreed = stop.agreed or bool(signalled)
-        if worst >= config.max_nonfinite:
+
+@dataclass
+class TrainingRun:
+    """One run, set up: `fit` trains it, `finish` exports it and writes its results."""
+
+    accelerator: Accelerator
+    config: TrainConfig
+    stop: StopSignals
+    run_dir: RunDir
+    state: ckpt.TrainState
+    data: Loaders
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    cadence: Cadence
+    steps_per_epoch: int
+    facts: dict[str, Any]  # what results.json says about the setup
+    metrics: dict[str, Any] = field(default_factory=dict)  # the last evaluation's row
+    confusion_matrix: list[list[int]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+
+    def __post_init__(self) -> None:
+        # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
+        # match; elsewhere they stay fp32 and autocast (if any) does the casting.
+        self.input_dtype = next(self.model.parameters()).dtype
+        self.batches = len(self.data)  # micro-batches per epoch on each process
+        self.micro = MicroStep(self.accelerator, self.model)
+        # The train loss's sum and the non-finite steps, folded only where the loop syncs anyway.
+        sums, rank = self.state.loss_sums, self.accelerator.process_index
+        self.losses = LossTally(self.accelerator.device, sums[rank] if sums else 0.0)
+        self.clock = TrainingClock(self.state, self.losses.fold)
+        quiet = self.config.quiet or not self.accelerator.is_main_process
+        self.bar = tqdm(
+            total=self.cadence.total_steps,
+            initial=self.state.step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=True if quiet else None,
+        )
+
+    def fit(self) -> None:
+        """Train until out of steps or at the target accuracy; on a signal, checkpoint and raise Preempted."""
+        state, cadence, stop = self.state, self.cadence, self.stop
+        self.check()  # nothing to find yet; its first collective and kernels are then not training time
+        self.model.train()
+        warming_up, samples_before = True, state.samples  # the first optimizer step of this process
+        finished = cadence.out_of_steps(state.step)
+        while not finished:
+            self.clock.start()
+            for inputs, labels in self.data.epoch(state.epoch, skip=state.batches_in_epoch):
+                loss = self.micro_batch(inputs, labels)
+                if not self.accelerator.sync_gradients:
+                    continue
+                self.scheduler.step()
+                self.losses.end_step()
+                state.step += 1
+                if warming_up:
+                    warming_up = False
+                    self.clock.time_warmup(loss, state.samples - samples_before)
+                state.skipped_steps += int(self.optimizer.step_was_skipped)
+                self.bar.update(1)
+                if cadence.check_due(state.step):
+                    self.check()
+                    if not self.bar.disable:
+                        self.bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+                end_of_epoch = state.batches_in_epoch == self.batches
+                if end_of_epoch:
+                    state.epoch, state.batches_in_epoch = state.epoch + 1, 0
+                finished = cadence.out_of_steps(state.step)
+                if cadence.evaluate_due(state.step, end_of_epoch):
+                    with self.clock.paused():
+                        self.evaluate()
+                    # The accuracy was gathered, so every rank stops at the same step.
+                    finished = cadence.finished(state.step, self.metrics["test_accuracy"])
+                # A signal: save this step, whatever the schedule.
+                if cadence.checkpoint_due(state.step, end_of_epoch, finished) or stop.agreed:
+                    with self.clock.paused():
+                        self.save()
+                if stop.agreed and not finished:
+                    self.preempt()
+                if finished:
+                    break
+        self.bar.close()
+
+    def micro_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward, backward and (at the end of an accumulation) the optimizer step of one micro-batch."""
+        accelerator, state = self.accelerator, self.state
+        with self.micro.accumulate():
+            loss = F.cross_entropy(self.model(inputs.to(self.input_dtype)).float(), labels)
+            self.micro.backward(loss)
+            if self.config.max_grad_norm is not None and accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        self.losses.add(loss)
+        state.loss_count += 1
+        state.batches_in_epoch += 1
+        state.samples += labels.shape[0]
+        return loss
+
+    def check(self) -> None:
+        """Agree on every rank whether the loss stayed non-finite too long, or a signal arrived.
+
+        Collective, so that every rank stops together rather than one waiting for the others.
+        """
+        self.losses.fold()
+        flags = torch.tensor([[self.losses.worst, int(self.stop.received is not None)]], device=self.accelerator.device)
+        worst, signalled = self.accelerator.gather(flags).amax(0).tolist()
+        self.stop.agreed = self.stop.agreed or bool(signalled)
+        if worst >= self.config.max_nonfinite:
             raise NonFiniteLossError(
-                f"loss was not finite for {config.max_nonfinite} optimizer steps in a row (at step "
-                f"{state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(config.output_dir)}"
+                f"loss was not finite for {self.config.max_nonfinite} optimizer steps in a row (at step "
+                f"{self.state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(self.config.output_dir)}"
             )
 
-    def run_eval() -> None:
-        nonlocal metrics, confusion_matrix
-        evaluation = evaluate(model, data.test, accelerator, input_dtype)
-        confusion_matrix = evaluation.pop("confusion_matrix")
-        loss_sum = accelerator.reduce(losses.total(), "sum").item()
+    def evaluate(self) -> None:
+        """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
+        accelerator, state = self.accelerator, self.state
+        evaluation = evaluate(self.model, self.data.test, accelerator, self.input_dtype)
+        self.confusion_matrix = evaluation.pop("confusion_matrix")
+        loss_sum = accelerator.reduce(self.losses.total(), "sum").item()
         train_loss = loss_sum / max(state.loss_count * accelerator.num_processes, 1)
-        metrics = {
-            "epoch": round(state.step / steps_per_epoch, 4), "step": state.step, "train_loss": train_loss,
-            **evaluation, "lr": scheduler.get_last_lr()[0],
-            "samples_per_second": state.samples * accelerator.num_processes / max(state.train_seconds, 1e-9),
-            "train_seconds": state.train_seconds, "warmup_seconds": state.warmup_seconds,
-            "steady_samples_per_second": (state.samples - state.warmup_samples) * accelerator.num_processes
-            / max(state.train_seconds - state.warmup_seconds, 1e-9),
-        }  # fmt: skip
-        run_dir.log_metrics(metrics)
-        accelerator.log(metrics, step=state.step)
-        if not config.quiet:
+        self.metrics = metrics_row(
+            state,
+            evaluation,
+            train_loss=train_loss,
+            lr=self.scheduler.get_last_lr()[0],
+            steps_per_epoch=self.steps_per_epoch,
+            num_processes=accelerator.num_processes,
+        )
+        self.run_dir.log_metrics(self.metrics)
+        accelerator.log(self.metrics, step=state.step)
+        if not self.config.quiet:
             accelerator.print(
-                f"epoch {metrics['epoch']:.2f} step {state.step}: train_loss {train_loss:.4f} "
-                f"test_loss {metrics['test_loss']:.4f} test_accuracy {metrics['test_accuracy']:.4f}"
+                f"epoch {self.metrics['epoch']:.2f} step {state.step}: train_loss {train_loss:.4f} "
+                f"test_loss {self.metrics['test_loss']:.4f} test_accuracy {self.metrics['test_accuracy']:.4f}"
             )
-        losses.reset_sum()
+        self.losses.reset_sum()
         state.loss_count = 0
 
-    def save() -> None:
-        check_finite()  # never publish weights that a non-finite loss has already spoilt
-        state.loss_sums = accelerator.gather(losses.total().reshape(1)).tolist()
-        saved.append(run_dir.save_checkpoint(state))
+    def save(self) -> None:
+        """Checkpoint this step on every rank."""
+        self.check()  # never publish weights that a non-finite loss has already spoilt
+        self.state.loss_sums = self.accelerator.gather(self.losses.total().reshape(1)).tolist()
+        self.last_checkpoint = self.run_dir.save_checkpoint(self.state)
 
-    saved: list[Any] = []
+    def preempt(self) -> NoReturn:
+        """Stop after the checkpoint a signal asked for; `--resume-from auto` continues from it."""
+        assert self.last_checkpoint is not None  # fit() saves before it preempts
+        signal_name = self.stop.received or "a signal to another rank"
+        self.release()
+        self.run_dir.mark_preempted(signal_name, self.state.step, self.last_checkpoint)
+        raise Preempted(signal_name, self.state.step, self.last_checkpoint)
 
-    def pause_clock(tick: float, then: Any) -> float:
-        """Stop the training clock around evaluation and checkpointing, which it must not count."""
-        losses.fold()  # waits for the device, so the clock sees the queued steps finish
-        state.train_seconds += time.perf_counter() - tick
-        then()
-        return time.perf_counter()
+    def finish(self, start: float, plots_in_background: bool) -> dict[str, Any]:
+        """Export the weights, write results.json (and the PNGs), release the prepared objects."""
+        accelerator, config = self.accelerator, self.config
+        if config.export:
+            from ..export.model_dir import full_state_dict, save_exported
 
-    check_finite()  # nothing to find yet; its first collective and kernels are then not training time
-    model.train()
-    finished = state.step >= total_steps
-    warming_up, samples_before = True, state.samples  # the first optimizer step of this process
-    while not finished:
-        tick = time.perf_counter()
-        for inputs, labels in data.epoch(state.epoch, skip=state.batches_in_epoch):
-            with micro.accumulate():
-                logits = model(inputs.to(input_dtype))
-                loss = F.cross_entropy(logits.float(), labels)
-                micro.backward(loss)
-                if config.max_grad_norm is not None and accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            losses.add(loss)
-            state.loss_count += 1
-            state.batches_in_epoch += 1
-            state.samples += labels.shape[0]
-            if not accelerator.sync_gradients:
-                continue
-            scheduler.step()
-            losses.end_step()
-            state.step += 1
-            if warming_up:  # timed apart: torch.compile compiles here, optimizers allocate state
-                warming_up = False
-                loss.item()  # waits for the device, so that the step is timed whole
-                state.warmup_seconds += time.perf_counter() - tick
-                state.warmup_samples += state.samples - samples_before
-            state.skipped_steps += int(optimizer.step_was_skipped)
-            bar.update(1)
-            if state.step % config.log_every == 0:
-                check_finite()
-                if not bar.disable:
-                    bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-            end_of_epoch = state.batches_in_epoch == batches
-            if end_of_epoch:
-                state.epoch, state.batches_in_epoch = state.epoch + 1, 0
-            finished = state.step >= total_steps
-            if finished or end_of_epoch or _every(state.step, config.eval_every):
-                tick = pause_clock(tick, run_eval)
-                # The accuracy was gathered, so every rank stops at the same step.
-                finished = finished or metrics["test_accuracy"] >= (config.stop_at_accuracy or math.inf)
-            due = finished or end_of_epoch or _every(state.step, config.checkpoint_every)
-            if (config.save_checkpoints and due) or stop.agreed:  # a signal: save this step, whatever the schedule
-                tick = pause_clock(tick, save)
-            if stop.agreed and not finished:
-                signal_name = stop.received or "a signal to another rank"
-                # Free the prepared objects first, as at a normal end (see below).
-                accelerator.free_memory(model, optimizer, scheduler, data.train, data.test)
-                run_dir.mark_preempted(signal_name, state.step, saved[-1])
-                raise Preempted(signal_name, state.step, saved[-1])
-            if finished:
-                break
-    bar.close()
-    if config.export:
-        from ..export.model_dir import full_state_dict, save_exported
+            weights = full_state_dict(accelerator, self.model)  # all ranks: ZeRO-3 gathers the shards
+            if accelerator.is_main_process:
+                extra = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
+                save_exported(
+                    weights, self.run_dir.dir, model_name=self.facts["model"], dataset=config.dataset, extra=extra
+                )
+        results = results_record(
+            self.state,
+            self.metrics,
+            self.confusion_matrix,
+            steps_per_epoch=self.steps_per_epoch,
+            facts=self.facts,
+            wall_seconds=time.perf_counter() - start,
+        )
+        self.run_dir.write_results(results)
+        if config.plots and accelerator.is_main_process:
+            from ..report import draw_in_background, write_report  # imports matplotlib only now
 
-        weights = full_state_dict(accelerator, model)  # all ranks: ZeRO-3 gathers the shards
-        if accelerator.is_main_process:
-            save_exported(weights, run_dir.dir, model_name=model_name, dataset=config.dataset,
-                          extra={"mean": state.mean, "std": state.std, "step": state.step})  # fmt: skip
+            (draw_in_background if plots_in_background else write_report)(self.run_dir.dir)
+        accelerator.wait_for_everyone()
+        self.release()
+        return results
 
-    results = {
-        **{k: v for k, v in metrics.items() if k not in ("epoch", "step")},
-        "epochs": round(state.step / steps_per_epoch, 4), "steps": state.step,
-        "train_seconds": state.train_seconds, "prewarm_seconds": prewarm_seconds,
-        "wall_seconds": time.perf_counter() - start,
-        "skipped_steps": state.skipped_steps, "model": model_name, "dataset": config.dataset,
-        "num_parameters": n_params,
-        "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
-        **strategy, "data_loader": data.kind, "confusion_matrix": confusion_matrix, "versions": versions(),
-    }  # fmt: skip
-    run_dir.write_results(results)
-    if config.plots and accelerator.is_main_process:
-        from ..report import draw_in_background, write_report  # imports matplotlib only now
-
-        if plots_in_background:
-            draw_in_background(run_dir.dir)
-        else:
-            write_report(run_dir.dir)
-    accelerator.wait_for_everyone()
-    # Release the prepared objects before end_training: a gloo worker still holding its DDP
-    # model at interpreter exit sometimes aborts ("terminate called without an active exception").
-    accelerator.free_memory(model, optimizer, scheduler, data.train, data.test)
-    return results
-
-
-def _every(step: int, n: int) -> bool:
-    return n > 0 and step % n == 0
+    def release(self) -> None:
+        """Free the prepared objects before end_training: a gloo worker still holding its DDP
+        model at interpreter exit sometimes aborts ("terminate called without an active exception")."""
+        self.accelerator.free_memory(self.model, self.optimizer, self.scheduler, self.data.train, self.data.test)

@@ -1,0 +1,53 @@
+"""The rows a run logs and the results it returns: named fields, built in one place each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Fields of a metrics row that results.json states in its own terms ("epochs", "steps").
+_ROW_ONLY = ("epoch", "step")
+
+
+def metrics_row(
+    state: Any, evaluation: dict[str, Any], *, train_loss: float, lr: float, steps_per_epoch: int, num_processes: int
+) -> dict[str, Any]:
+    """One evaluation's row of metrics.jsonl: where training stands, the test metrics, the rates.
+
+    Rates count every process's samples; the steady rate leaves out each process start's first
+    optimizer step, where compilation and optimizer state allocation happen.
+    """
+    steady_samples = (state.samples - state.warmup_samples) * num_processes
+    return {
+        "epoch": round(state.step / steps_per_epoch, 4),
+        "step": state.step,
+        "train_loss": train_loss,
+        **evaluation,
+        "lr": lr,
+        "samples_per_second": state.samples * num_processes / max(state.train_seconds, 1e-9),
+        "train_seconds": state.train_seconds,
+        "warmup_seconds": state.warmup_seconds,
+        "steady_samples_per_second": steady_samples / max(state.train_seconds - state.warmup_seconds, 1e-9),
+    }
+
+
+def results_record(
+    state: Any,
+    last_row: dict[str, Any],
+    confusion_matrix: list[list[int]],
+    *,
+    steps_per_epoch: int,
+    facts: dict[str, Any],
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """results.json: the last evaluation's metrics, the run's totals and the `facts` of its setup
+    (model, dataset, strategy, versions...)."""
+    return {
+        **{k: v for k, v in last_row.items() if k not in _ROW_ONLY},
+        "epochs": round(state.step / steps_per_epoch, 4),
+        "steps": state.step,
+        "train_seconds": state.train_seconds,
+        "wall_seconds": wall_seconds,
+        "skipped_steps": state.skipped_steps,
+        **facts,
+        "confusion_matrix": confusion_matrix,
+    }
