@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from .models import MODELS, build_model
     from .training.loop import train
 
-# Imported on first use (PEP 562): `import accel_mnist.report` in the background plot process,
-# or `accel-mnist --help`, should not pay for torch and accelerate.
+# Imported on first use (PEP 562): `import accel_mnist.report` in the background plot process
+# should not pay for torch and accelerate. (`accel-mnist --help` pays for torch, which the
+# config's model and dataset registries import, but not for accelerate.)
 _EXPORTS = {
     "TrainConfig": "config", "train": "training.loop", "evaluate": "evaluation", "load_model": "export.model_dir",
     "build_model": "models", "MODELS": "models",

@@ -17,7 +17,6 @@ from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file
 from .errors import UsageError
-from .training.loop import train
 from .training.preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
@@ -74,6 +73,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .training.loop import train  # torch and accelerate: not for `--help` or the other commands
+
     config = config_from_args(args)
     # Libraries stay at warnings (Accelerate logs every file it saves at info) unless debugging.
     level = config.log_level.upper()

@@ -195,6 +195,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# The spellings Accelerate's own str_to_bool accepts, so that a flag, a config file and an
+# ACCELERATE_* variable written by `accelerate launch` all read alike.
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("n", "no", "f", "false", "off", "0")
+
+
+def parse_bool(text: str) -> bool | None:
+    """True or False for a boolean's spellings (any case, surrounding space ignored); None otherwise."""
+    word = text.strip().lower()
+    return True if word in _TRUE else False if word in _FALSE else None
+
+
 def coerce(name: str, value: Any, hint: Any) -> Any:
     """Convert `value` (from YAML, JSON or a command-line string) to the field's type."""
     origin, args = get_origin(hint), get_args(hint)
@@ -208,8 +220,8 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
         if base is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-                return value.lower() in ("true", "1", "yes", "on")
+            if isinstance(value, str) and (parsed := parse_bool(value)) is not None:
+                return parsed
             raise ValueError
         if base is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):

@@ -4,7 +4,7 @@
         -m benchmarks.device_loader_check [--steps 6] [--grad-accum 2] [--eval-batch-size 333]
 
 `prepare(model, optimizer, scheduler)` without a dataloader (DeepSpeed gets its micro
-batch size from runtime.build_accelerator, which sets train_micro_batch_size_per_gpu), a
+batch size from distributed.strategy.build_accelerator, which sets train_micro_batch_size_per_gpu), a
 few training steps from the DeviceLoader with gradient accumulation (checking that
 Accelerate syncs at the end of an epoch whose batch count is not a multiple of it), then
 evaluation with `gather_for_metrics` over the padded shards, which must count the test set
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from accel_mnist.config import TrainConfig
 from accel_mnist.data.catalog import DATASETS, load_split
 from accel_mnist.data.device_loader import DeviceLoader
-from accel_mnist.distributed.strategy import build_accelerator, describe
+from accel_mnist.distributed.strategy import build_accelerator, strategy_fields
 from accel_mnist.models import build_model
 from accel_mnist.optim import build_optimizer, build_scheduler
 
@@ -110,7 +110,7 @@ def main() -> int:
 
     if accelerator.is_main_process:
         print(json.dumps({
-            **describe(accelerator), "micro_batch": args.batch_size, "steps": args.steps,
+            **strategy_fields(accelerator), "micro_batch": args.batch_size, "steps": args.steps,
             "first_loss": losses[0], "last_loss": losses[-1], "gather_count": count,
             "accuracy": correct / count, "checks": checks,
         }))  # fmt: skip

@@ -97,7 +97,7 @@ def measure(args) -> int:
         print("memory.py: skipped: no CUDA GPU here (it measures torch.cuda.max_memory_allocated)")
         return 0
     from accel_mnist.config import TrainConfig
-    from accel_mnist.distributed.strategy import build_accelerator, describe
+    from accel_mnist.distributed.strategy import build_accelerator, strategy_fields
 
     config = TrainConfig(model="mlp", batch_size=args.batch_size, lr=1e-4)
     handlers = []
@@ -114,7 +114,7 @@ def measure(args) -> int:
     # fused: one kernel and no temporaries; the default (foreach) makes a full-size sqrt(v) temporary.
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True if args.fused_adam else None)
     model, optimizer = accelerator.prepare(model, optimizer)
-    strategy = describe(accelerator)
+    strategy = strategy_fields(accelerator)
     stage = strategy["zero_stage"]
     name = args.label or (f"zero{stage}" if strategy["distributed_type"] == "DEEPSPEED" else "ddp")
     input_dtype = next(model.parameters()).dtype

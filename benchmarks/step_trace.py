@@ -56,8 +56,8 @@ def summarize(trace: Path, first_steps: int = 3) -> dict[str, Any]:
     lo, hi = root["ts"], root["ts"] + root["dur"]
     inside = [e for e in events if lo <= e["ts"] and e["ts"] + e["dur"] <= hi and e is not root]
     children = _direct_children(root, inside)
-    # The loop's steps: torch optimizer steps after runtime.prepare (prewarm's come before it).
-    prepared = [e["ts"] + e["dur"] for e in inside if "runtime.py" in e["name"] and e["name"].endswith(": prepare")]
+    # The loop's steps: torch optimizer steps after distributed.strategy.prepare (prewarm's come before it).
+    prepared = [e["ts"] + e["dur"] for e in inside if "strategy.py" in e["name"] and e["name"].endswith(": prepare")]
     after = max(prepared, default=lo)
     steps = sorted((e for e in inside if e["ts"] >= after and _is_optimizer_step(e["name"])), key=lambda e: e["ts"])
     steps = [e for e in steps if not any(o is not e and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"]

@@ -12,7 +12,7 @@ launcher needs (accelerate 1.15):
   * on GPUs, CUDA untouched in the notebook's process (the workers are forked);
   * num_processes=N: it runs torch's elastic launcher in-process with fork, which sets
     RANK/WORLD_SIZE/MASTER_ADDR for each worker. On a machine without CUDA the workers would
-    each run alone; accel_mnist's runtime makes them join one gloo group (MULTI_CPU) when
+    each run alone; accel_mnist's distributed.strategy makes them join one gloo group (MULTI_CPU) when
     WORLD_SIZE > 1 and there is no GPU, so nothing else is needed here.
   * The function's return value is dropped by notebook_launcher: read results from the
     output directory afterwards.

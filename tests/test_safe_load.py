@@ -21,7 +21,7 @@ import torch
 from accel_mnist import TrainConfig, train
 from accel_mnist.errors import UsageError
 from accel_mnist.run import checkpoint as ckpt
-from accel_mnist.run.safe_load import load_file, verify_checkpoint
+from accel_mnist.run.safe_load import load_file, read_checkpoint_files
 from conftest import CONFIGS, MNIST_DIR, REPO
 
 ZERO2 = ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"]
@@ -210,13 +210,13 @@ def test_planted_fsdp_metadata_is_refused_before_any_load(tmp_path):
     shards.mkdir()
     plant(shards / ".metadata", tmp_path / "marker", bare=True)
     with pytest.raises(UsageError, match=r"\.metadata: holds a pickled (builtins|io)\.open"):
-        verify_checkpoint(tmp_path, 0, trust=False)
+        read_checkpoint_files(tmp_path, 0, trust=False)
     assert not (tmp_path / "marker").exists()
 
 
-def test_verify_checkpoint_reports_a_missing_rng_file(tmp_path):
+def test_read_checkpoint_files_reports_a_missing_rng_file(tmp_path):
     with pytest.raises(UsageError, match="random_states_3.pkl: missing"):
-        verify_checkpoint(tmp_path, 3, trust=False)
+        read_checkpoint_files(tmp_path, 3, trust=False)
 
 
 # --- DeepSpeed ZeRO-2, two CPU processes ---------------------------------------------------------

@@ -160,8 +160,8 @@ def split_to_tensors(ds: Any, image_col: str, label_col: str, where: str) -> tup
     """One split as uint8 (N, 28, 28) images and int64 (N,) labels, validated.
 
     Decoding is datasets' own numpy formatter, batch by batch (for PNG-encoded images that is
-    one PIL decode per image, about 4.5 s for 60000 on one core -- the same as a hand-written
-    PIL loop, and it also covers Array2D / nested-list columns).
+    one PIL decode per image, as a hand-written PIL loop would do, and it also covers Array2D /
+    nested-list columns).
     """
     from datasets import Image
 

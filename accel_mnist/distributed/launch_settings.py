@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import TrainConfig
+from ..config import TrainConfig, parse_bool
 from ..errors import ConfigError, UsageError
 from ..files import read_json_object
 from ..optim import check_deepspeed_optim
@@ -35,8 +35,8 @@ class LaunchSettings:
 
 
 def env_flag(name: str) -> bool:
-    """An ACCELERATE_* boolean as accelerate writes it ('true'/'True'/'1')."""
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+    """An ACCELERATE_* boolean as accelerate writes it ('true'/'True'/'1'); unset is False."""
+    return parse_bool(os.environ.get(name, "")) is True
 
 
 def check_launch(config: TrainConfig) -> LaunchSettings:
@@ -92,7 +92,7 @@ def _zero3_init(ds_json: dict[str, Any] | None) -> bool:
     """Whether DeepSpeedPlugin will turn zero3_init_flag on: as asked, else on for ZeRO-3."""
     asked = os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT")
     if asked is not None:
-        return asked.strip().lower() in ("1", "true", "yes")
+        return parse_bool(asked) is True
     stage = (ds_json or {}).get("zero_optimization", {}).get("stage") if ds_json else None
     if stage is None:
         stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")

@@ -1,8 +1,8 @@
 """Direct per-step calls where Accelerate's would only add per-step work that decides nothing.
 
 The optimizer: accelerate 1.15's `AcceleratedOptimizer.step` asks `is_lomo_available()` twice (a module
-search over sys.path) and `zero_grad` calls `inspect.signature` on every step: 0.2-0.3 ms of a
-0.25-0.5 ms step for the linear model at batch 64 on 2 CPU threads. Where those calls decide
+search over sys.path) and `zero_grad` calls `inspect.signature` on every step, a large share of a
+small model's CPU step (benchmarks/results/cpu-intel_r-2026-12-01b). Where those calls decide
 nothing (no grad scaler, no XLA, DeepSpeed or FSDP, an optimizer that is not LOMO), the loop
 steps the wrapped torch optimizer itself, through public attributes only (`.optimizer`,
 `.scaler`, `accelerator.sync_gradients`); everything else still goes through Accelerate.
@@ -12,7 +12,7 @@ Accumulation and backward (`MicroStep`): with one micro-batch per optimizer step
 micro-batches in `accelerator.step`, which then stays 0: with one micro-batch per step that
 count decides nothing), and `accelerator.backward` divides the loss by 1: one more tensor op
 and one more autograd node per step (a kernel launch each way on a GPU), for the same
-gradients bit for bit. About 4 us and 13 us of a 0.4-0.6 ms CPU step (linear, batch 64, 1 thread).
+gradients bit for bit.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
 
-_PLAIN = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+from .strategy_checks import REPLICATED
 
 
 class DirectStep:
@@ -59,7 +58,7 @@ def direct_steps(accelerator: Accelerator, prepared: Any) -> Any:
     """`DirectStep(prepared)` where that changes nothing but the cost, else `prepared` itself."""
     inner = getattr(prepared, "optimizer", None)
     plain = (
-        accelerator.distributed_type in _PLAIN
+        accelerator.distributed_type in REPLICATED
         and getattr(prepared, "scaler", True) is None
         and type(inner).__module__.startswith("torch.optim")
     )
@@ -74,7 +73,7 @@ class MicroStep:
 
     def __init__(self, accelerator: Accelerator, model: torch.nn.Module) -> None:
         self._accelerator, self._model = accelerator, model
-        self._direct = accelerator.distributed_type in _PLAIN and accelerator.gradient_accumulation_steps == 1
+        self._direct = accelerator.distributed_type in REPLICATED and accelerator.gradient_accumulation_steps == 1
         self._direct_backward = self._direct and accelerator.scaler is None
 
     def accumulate(self) -> contextlib.AbstractContextManager[Any]:

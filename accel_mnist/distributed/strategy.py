@@ -1,4 +1,4 @@
-"""Build the Accelerator from the accelerate config, and describe what it chose.
+"""Build the Accelerator from the accelerate config, and strategy_fields what it chose.
 
 This is the one place that knows about strategies: it reconciles the accelerate config
 (DDP, DeepSpeed or FSDP, ZeRO stage, offload, mixed precision, dynamo) with the TrainConfig
@@ -25,7 +25,7 @@ from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .elastic import join_restarted_group
 from .launch_settings import check_launch, env_flag
 from .step import direct_steps
-from .strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy, describe_extra, multi_process_device_available
+from .strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy, fsdp_and_dynamo_fields, multi_process_device_available
 
 logger = get_logger(__name__)
 
@@ -235,7 +235,7 @@ def _report_fp8(accelerator: Accelerator, model: torch.nn.Module) -> None:
     logger.info(f"fp8 ({_fp8_backend(accelerator)}) layers: {', '.join(converted)}")
 
 
-def describe(accelerator: Accelerator) -> dict[str, Any]:
+def strategy_fields(accelerator: Accelerator) -> dict[str, Any]:
     """What the accelerate config resolved to, for results.json and the log."""
     plugin = accelerator.state.deepspeed_plugin
     offload = {}
@@ -252,5 +252,5 @@ def describe(accelerator: Accelerator) -> dict[str, Any]:
         "mixed_precision": accelerator.mixed_precision,
         "device": accelerator.device.type,
         **offload,
-        **describe_extra(accelerator),
+        **fsdp_and_dynamo_fields(accelerator),
     }

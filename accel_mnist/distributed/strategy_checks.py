@@ -20,6 +20,11 @@ FSDP_NEEDS_A_DEVICE = (
 )
 
 
+# Strategies in which every process holds the whole model and optimizer (DistributedType is a str
+# enum, so its members compare equal to these names).
+REPLICATED = ("NO", "MULTI_CPU", "MULTI_GPU")
+
+
 def multi_process_device_available() -> bool:
     """Whether Accelerate will find a device with a collective backend of its own for a torchrun launch.
 
@@ -71,7 +76,7 @@ def _dynamo_backend(accelerator: Accelerator) -> str:
     return str(accelerator.state.dynamo_plugin.backend.value).lower()
 
 
-def describe_extra(accelerator: Accelerator) -> dict[str, Any]:
+def fsdp_and_dynamo_fields(accelerator: Accelerator) -> dict[str, Any]:
     """FSDP and dynamo settings for results.json and for checking a resume (FSDP keys only under FSDP)."""
     extra: dict[str, Any] = {"dynamo_backend": _dynamo_backend(accelerator)}
     if accelerator.distributed_type == DistributedType.FSDP:

@@ -54,7 +54,7 @@ def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tenso
 def _unwrapped(accelerator: Any, model: nn.Module) -> nn.Module:
     """What accelerator.unwrap_model(model, keep_torch_compile=False) gives, without its cost
     where the wrapper is known: accelerate 1.15 imports deepspeed on every unwrap where it is
-    installed (about 1 s of a 10 s command on an H200, measured), to test for its engine."""
+    installed, to test for its engine (the export phase of benchmarks/results/h200-2026-12-01b)."""
     from accelerate.utils import DistributedType, is_compiled_module
 
     if not is_compiled_module(model):

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# Nothing heavy is imported at module level: cli.py imports this module to build its parser,
-# and `--help` or a bad flag should not wait for torch.
+# torch, PIL and accelerate are imported where they are used: cli.py imports this module to build
+# its parser, and a `report` or `configs` command has no use for them.
 
 # Bigger pictures are refused from their header, before any pixel is decoded: a small file can
 # claim billions of pixels (a "decompression bomb"), and a digit needs nothing near this.
@@ -80,6 +80,8 @@ def predict_files(
     IDX image file (named `path[i]`)."""
     import torch
 
+    from ..data.tensor_dataset import Normaliser
+
     model.eval()
     device = next(model.parameters()).device
     results: list[tuple[str, int, float]] = []
@@ -91,10 +93,8 @@ def predict_files(
         else:
             records = _read_idx_images(path)
             names = [f"{path}[{i}]" for i in range(len(records))]
-            batches = (
-                records[i : i + _IDX_CHUNK].float().div_(255).sub_(mean).div_(std).unsqueeze(1)
-                for i in range(0, len(records), _IDX_CHUNK)
-            )
+            normalise = Normaliser(mean, std)
+            batches = (normalise(records[i : i + _IDX_CHUNK]).unsqueeze(1) for i in range(0, len(records), _IDX_CHUNK))
         with torch.no_grad():
             for batch, start in zip(batches, range(0, len(names), _IDX_CHUNK), strict=True):
                 probs = model(batch.to(device)).float().softmax(dim=1).cpu()
@@ -140,6 +140,8 @@ def _image_tensor(image: Any, mean: float, std: float) -> torch.Tensor:
     import torch
     from PIL import Image
 
+    from ..data.tensor_dataset import Normaliser
+
     if image.mode.startswith("I") or image.mode == "F":
         # 16- and 32-bit pictures: Pillow would clip them to 0..255 on conversion, not scale.
         values = np.asarray(image, dtype=np.float32)
@@ -152,12 +154,11 @@ def _image_tensor(image: Any, mean: float, std: float) -> torch.Tensor:
         image = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
     # Stretched to 28x28 rather than cropped, so that a digit filling its picture keeps every
     # stroke; MNIST's centring of the digit in a 20x20 box is not redone.
-    gray = image.convert("L").resize((28, 28), Image.Resampling.LANCZOS)
-    pixels = np.asarray(gray, dtype=np.float32) / 255.0
-    if pixels.mean() > 127 / 255:
+    gray = np.asarray(image.convert("L").resize((28, 28), Image.Resampling.LANCZOS), dtype=np.uint8)
+    if gray.mean() > 127:
         # A bright picture is dark ink on paper, the opposite of MNIST's white on black.
-        pixels = 1.0 - pixels
-    return torch.from_numpy((pixels - mean) / std).unsqueeze(0)
+        gray = 255 - gray
+    return Normaliser(mean, std)(torch.from_numpy(gray.copy())).unsqueeze(0)
 
 
 def _read_idx_images(path: Path) -> torch.Tensor:

@@ -19,6 +19,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from ..distributed.consensus import agree
+from ..distributed.strategy_checks import REPLICATED
 from ..errors import UsageError, one_line
 from ..files import read_json_object, write_json_atomic
 
@@ -28,8 +29,6 @@ _NAME = re.compile(r"^step_(\d+)$")
 # Keys whose change makes a checkpoint mean something else; everything else may differ on resume.
 # The batch size may change with the number of processes as long as the global batch stays.
 MUST_MATCH = ("model", "dataset", "grad_accum", "optimizer", "scheduler", "seed")
-# Distributed types whose checkpoints are the same files at any number of processes.
-_REPLICATED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 
 @dataclass
@@ -162,7 +161,7 @@ def _check_world(saved: TrainState, strategy: dict[str, Any], config: dict[str, 
     # FSDP keys exist only under FSDP; its checkpoints differ by version and state dict type.
     for key in ("zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
         same = was.get(key) == now.get(key) or (
-            key == "distributed_type" and {was.get(key), now.get(key)} <= set(_REPLICATED)
+            key == "distributed_type" and {was.get(key), now.get(key)} <= set(REPLICATED)
         )
         if not same:
             raise UsageError(
@@ -216,9 +215,9 @@ def verify_checkpoint(accelerator: Accelerator, path: Path, trust: bool = False)
     classes it needs (safe_load.py); its RNG file must be whole whatever `trust` says. Every
     rank raises the same error, so that none waits in a collective for one that stopped.
     """
-    from .safe_load import verify_checkpoint as verify_files
+    from .safe_load import read_checkpoint_files
 
-    return agree(accelerator, lambda: verify_files(path, accelerator.process_index, trust))
+    return agree(accelerator, lambda: read_checkpoint_files(path, accelerator.process_index, trust))
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, Any], trust: bool = False) -> None:

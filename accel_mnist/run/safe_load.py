@@ -4,7 +4,7 @@ Accelerate's optimizer, scheduler and RNG files and DeepSpeed's shards are pickl
 unpickling may call any function a file names. Two layers keep that from happening unless the
 user says the checkpoint is theirs (`--trust-checkpoint`):
 
-- `verify_checkpoint` reads every pickle-based file of a checkpoint with torch's restricted
+- `read_checkpoint_files` reads every pickle-based file of a checkpoint with torch's restricted
   (weights-only) unpickler and `allowed_globals()` before anything loads it, so that a refusal
   names the file;
 - `weights_only_loads` then forces the same unpickler on every `torch.load` inside it, even
@@ -169,7 +169,7 @@ def pickle_files(checkpoint: Path) -> list[Path]:
     return sorted(p for p in checkpoint.rglob("*") if p.suffix in PICKLE_SUFFIXES and p.is_file())
 
 
-def verify_checkpoint(checkpoint: Path, process_index: int, trust: bool) -> dict[str, Any]:
+def read_checkpoint_files(checkpoint: Path, process_index: int, trust: bool) -> dict[str, Any]:
     """Check `checkpoint` before it is loaded; return this process's RNG states from it.
 
     Without `trust`, every pickle-based file must load with the restricted unpickler. The RNG
@@ -204,7 +204,7 @@ def verify_checkpoint(checkpoint: Path, process_index: int, trust: bool) -> dict
 
 
 def check_rng_restored(states: dict[str, Any], checkpoint: Path, process_index: int) -> None:
-    """UsageError unless the RNGs now hold `states` (what `verify_checkpoint` returned)."""
+    """UsageError unless the RNGs now hold `states` (what `read_checkpoint_files` returned)."""
     restored = (
         random.getstate() == states["random_state"]
         and _same_numpy_state(np.random.get_state(), states["numpy_random_seed"])

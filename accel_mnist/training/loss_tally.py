@@ -1,11 +1,12 @@
 """The loop's loss bookkeeping, kept off the per-micro-batch path.
 
-Summing each loss on the device and updating the non-finite counters there cost 12 tiny device
-ops per optimizer step (`isfinite` alone is four): about 20 us of a 0.4-0.6 ms CPU step, and a
-kernel launch each on a GPU. Instead each micro-batch's loss is only kept (a reference to a tensor the step made
-anyway: no device work), and the losses are folded into the sum and the counts where the loop
-waits for the device anyway (the finite check every log_every steps, evaluation, checkpoints),
-or when `capacity` of them are waiting (memory stays bounded; that fold waits for the device).
+Summing each loss on the device and updating the non-finite counters there cost 12 tiny device ops
+per optimizer step (`isfinite` alone is four), a kernel launch each on a GPU (measured in
+benchmarks/results/cpu-intel_r-2026-12-01b). Instead each micro-batch's loss is only kept (a
+reference to a tensor the step made anyway: no device work), and the losses are folded into the sum
+and the counts where the loop waits for the device anyway (the finite check every log_every steps,
+evaluation, checkpoints), or when `capacity` of them are waiting (memory stays bounded; that fold
+waits for the device).
 
 A fold reads the waiting losses to the host in one copy and adds them one by one in float32,
 in the order they came: bit for bit the sum that `loss_sum += loss` per micro-batch gives,

@@ -1,7 +1,7 @@
 """An untimed warm-up step on a throwaway copy of the model, before the training clock starts.
 
-The first step of a fresh process pays for loading GPU kernels and setting up cuBLAS/cuDNN
-(about 1 s on an H200 against 0.35 s for a whole time-to-99% run). Running one forward,
+The first step of a fresh process pays for loading GPU kernels and setting up cuBLAS/cuDNN,
+more than a whole time-to-99% run takes on an H200 (benchmarks/results/h200-2026-12-01b). Running one forward,
 backward and optimizer step of the same shapes on a copy moves that cost out of the training
 clock, into `prewarm_seconds`, without touching the model, the optimizer or any RNG stream the
 run uses: the trained weights are the same with and without it.
@@ -30,10 +30,9 @@ def prewarm(
     """One step on a copy of `model` per training batch shape; returns the seconds it took.
 
     `train_samples` (per process) adds the epoch's last, smaller batch: a new shape makes cuDNN
-    choose its kernels again, which cost 40-60 ms at each epoch end on an H200. `rehearsals`
-    run the loop's own per-step tensor work once on scratch data (assembling a batch, the loss
-    bookkeeping): CUDA loads each kernel on its first launch, and those first launches cost
-    about 0.1 s of the first step on an H200 (benchmarks/results/h200-2026-12-01b).
+    choose its kernels again at each epoch end. `rehearsals` run the loop's own per-step tensor
+    work once on scratch data (assembling a batch, the loss bookkeeping): CUDA loads each kernel
+    on its first launch (both measured in benchmarks/results/h200-2026-12-01b).
     """
     from ..optim import build_optimizer
 
