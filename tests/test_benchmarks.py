@@ -10,56 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import memory, report, runner, session_summary
+from benchmarks import memory, report, runner
 from benchmarks.baselines import plain_pytorch
 from benchmarks.suites import SUITES
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _run_folder(root: Path, name: str, results: dict, rows: list[dict], wall: float) -> None:
-    (root / name).mkdir(parents=True)
-    (root / name / "results.json").write_text(json.dumps(results))
-    (root / name / "config.json").write_text(json.dumps({"model": "cnn", "batch_size": 512, "output_dir": "x"}))
-    (root / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / f"{name}.wall.json").write_text(json.dumps({"name": name, "rc": 0, "wall_seconds": wall}))
-
-
-def test_session_summary_steady_throughput_first_99_and_labels(tmp_path):
-    runs = tmp_path / "part1"
-    (runs / "bench").mkdir(parents=True)
-    (runs / "gpus.txt").write_text("NVIDIA H200, 143771 MiB, 580\nNVIDIA H200, 143771 MiB, 580\n")
-    (runs / "versions.txt").write_text("3.12.3 2.11.0 1.15.0 0.19.8\n")
-    base = {"global_batch_size": 1024, "epochs": 3.0, "num_processes": 2, "samples_per_second": 1000.0, "zero_stage": 2,
-            "offload_optimizer": "none", "mixed_precision": "fp16"}  # fmt: skip
-    rows = [
-        {"epoch": 0.5, "step": 30, "train_seconds": 0.5, "test_accuracy": 0.95},
-        {"epoch": 1.0, "step": 59, "train_seconds": 1.0, "test_accuracy": 0.98},
-        {"epoch": 2.0, "step": 118, "train_seconds": 1.5, "test_accuracy": 0.991},
-        {"epoch": 3.0, "step": 177, "train_seconds": 2.0, "test_accuracy": 0.992},
-    ]
-    _run_folder(runs, "zero2_run", {**base, "distributed_type": "DEEPSPEED"}, rows, 30.0)
-    _run_folder(runs, "ddp_run", {**base, "distributed_type": "MULTI_GPU", "zero_stage": 0}, rows[:2], 20.0)
-    (runs / "bench" / "throughput-x.json").write_text(json.dumps({
-        "benchmark": "throughput", "table_columns": ["label"], "date": "2026-11-30T00:00:00Z",
-        "hardware_label": "2x H200", "command": "c", "label": "accel_mnist zero3_offload x2",
-        "accelerate_config": "zero3_offload", "num_processes": 2, "samples_per_second": 500.0,
-        "config": {"model": "cnn", "batch_size": 512, "epochs": 1},
-    }))  # fmt: skip
-    out = tmp_path / "out"
-    assert session_summary.main([str(runs), "--out", str(out)]) == 0
-
-    session = json.loads((out / "session.json").read_text())
-    zero2, ddp = session["runs"]["zero2_run"], session["runs"]["ddp_run"]
-    assert session["hardware"] == "2x NVIDIA H200"
-    assert zero2["accelerate_config"] == "zero2" and ddp["accelerate_config"] == "multi_gpu"
-    # (177 - 59) steps x 1024 samples over (2.0 - 1.0) s, from the first to the last epoch end
-    assert zero2["steady_samples_per_second"] == pytest.approx(118 * 1024 / 1.0)
-    assert "steady_samples_per_second" not in ddp  # one epoch end only
-    assert zero2["first_99"] == {"step": 118, "train_seconds": 1.5, "test_accuracy": 0.991}
-    assert zero2["command_wall_seconds"] == 30.0 and "output_dir" not in zero2["config"]
-    assert (out / "throughput-x.json").exists() and "zero3_offload" in (out / "throughput.md").read_text()
-    assert (out / "throughput.png").stat().st_size > 0
 
 
 def test_memory_candidates_point_at_existing_configs():
