@@ -178,3 +178,26 @@ def test_plot_curves_draws_every_run_of_the_named_rows(tmp_path):
     path = report.plot_curves(record, ["recipe", "recipe_plain"], tmp_path / "curves.png")
     assert path == tmp_path / "curves.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.plot_curves(record, ["missing"], tmp_path / "none.png") is None
+
+
+def test_run_once_keeps_the_records_a_command_saved_in_its_folder(tmp_path):
+    script = ("import json, sys; from pathlib import Path; run = Path(sys.argv[1]); "
+              "(run / 'cpu_overhead-1-linear.json').write_text(json.dumps({'benchmark': 'cpu_overhead', 'x': 1})); "
+              "(run / 'results.json').write_text(json.dumps({'test_accuracy': 0.5})); "
+              "print(json.dumps({'ratio': 1.5}))")  # fmt: skip
+    row = {"name": "saver", "group": "g", "what": "w", "cmd": ["{python}", "-c", script, "{run}"], "parse": "json_line"}
+    record = runner.run_once(row, {"index": 0, "seed": 0}, runner.context(tmp_path, None), tmp_path, timeout=120)
+    assert record["parsed"] == {"ratio": 1.5}
+    assert record["records"] == [{"benchmark": "cpu_overhead", "x": 1}]  # results.json is no record
+    assert not (tmp_path / "runs" / "saver-0").exists()
+
+
+def test_save_record_writes_only_where_asked(tmp_path):
+    from benchmarks import benchlib
+
+    hw = {"cpu": "test", "cpu_cores": 2, "torch_threads": 2, "gpu": None, "gpu_count": 0}
+    record = {"hardware": hw, "versions": {}, "date": "2026-12-01T00:00:00Z", "command": "c"}
+    assert benchlib.save_record("bench", "t", dict(record), None) is None
+    path = benchlib.save_record("bench", "a b", dict(record), tmp_path)
+    assert path == tmp_path / "bench-20261201T000000Z-a_b.json" and json.loads(path.read_text())["benchmark"] == "bench"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the record only: no markdown table
