@@ -201,3 +201,51 @@ def test_save_record_writes_only_where_asked(tmp_path):
     path = benchlib.save_record("bench", "a b", dict(record), tmp_path)
     assert path == tmp_path / "bench-20261201T000000Z-a_b.json" and json.loads(path.read_text())["benchmark"] == "bench"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the record only: no markdown table
+
+
+# -- python -m benchmarks.readme: benchmarks/README.md's tables from the results -----------------
+
+
+def _suite_json(folder: Path, date: str, walls: dict[str, list[float]], parsed: dict | None = None) -> None:
+    rows = [row for row in SUITES["cpu"]["rows"] if row["name"] in walls]
+    runs = [{"row": name, "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.5, "command": name,
+             "parsed": parsed or {}} for name, ws in walls.items() for i, w in enumerate(ws)]  # fmt: skip
+    record = {"suite": "cpu", "date": date, "hardware_label": "CPU: test", "command": f"cpu {date}", "rows": rows,
+              "ratios": SUITES["cpu"]["ratios"], "runs": runs}  # fmt: skip
+    folder.mkdir(parents=True)
+    (folder / "suite.json").write_text(json.dumps(record))
+
+
+def test_readme_takes_each_group_from_its_newest_folder_and_notices_a_stale_region(tmp_path):
+    from benchmarks import readme
+
+    results = tmp_path / "results"
+    loader = {"device_loader_us_per_batch": 24.0, "prepared_us_per_batch": 48.0, "extra_us_per_batch": 24.0}
+    _suite_json(results / "cpu-a-2026-12-01", "2026-12-01T08:00:00Z",
+                {"floor": [4.0, 5.0], "one_step": [6.0, 4.4], "loader_overhead": [3.0]}, loader)  # fmt: skip
+    _suite_json(results / "cpu-b-2026-12-02", "2026-12-02T08:00:00Z", {"loader_overhead": [3.5]},
+                {**loader, "extra_us_per_batch": 20.0})  # fmt: skip
+    (results / "old-2026-11-30").mkdir()
+    (results / "old-2026-11-30" / "cpu_overhead-x-linear.json").write_text("{}")
+
+    text = readme.generate(results)
+
+    def section(heading: str) -> str:
+        start = text.index(heading)
+        return text[start : text.index("\n###", start)]
+
+    startup, step = section("#### `cpu` startup"), section("#### `cpu` step")
+    assert "cpu-a-2026-12-01" in startup and "one_step / floor (median wall seconds): 5.20 / 4.50 = **1.16**" in startup
+    assert "cpu-b-2026-12-02" in step and "extra 20" in step and "cpu-a" not in step  # the newer run of the group
+    assert "| [`old-2026-11-30`](results/old-2026-11-30/) | earlier format (cpu_overhead records)" in text
+    assert text.index("cpu-b-2026-12-02`](") < text.index("cpu-a-2026-12-01`](", text.index("### Results folders"))
+
+    page = tmp_path / "README.md"
+    page.write_text(f"# b\n\n{readme.BEGIN}\nold table\n{readme.END}\n\nafter\n")
+    args = ["--readme", str(page), "--results", str(results)]
+    assert readme.main([*args, "--check"]) == 1 and "old table" in page.read_text()  # stale: --check fails
+    assert readme.main(args) == 0 and readme.main([*args, "--check"]) == 0
+    assert page.read_text().endswith(f"{readme.END}\n\nafter\n") and "old table" not in page.read_text()
+    page.write_text("# no markers\n")
+    with pytest.raises(ValueError):
+        readme.main(args)
