@@ -206,6 +206,13 @@ def test_save_record_writes_only_where_asked(tmp_path):
 # -- python -m benchmarks.readme: benchmarks/README.md's tables from the results -----------------
 
 
+def test_benchmarks_readme_is_generated_from_the_newest_results():
+    from benchmarks import readme
+
+    text = readme.README.read_text()
+    assert readme.rewrite(text) == text, "benchmarks/README.md is stale: run python -m benchmarks.readme"
+
+
 def _suite_json(folder: Path, date: str, walls: dict[str, list[float]], parsed: dict | None = None) -> None:
     rows = [row for row in SUITES["cpu"]["rows"] if row["name"] in walls]
     runs = [{"row": name, "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.5, "command": name,
