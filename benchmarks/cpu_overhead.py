@@ -15,7 +15,7 @@ times (other load on the machine then hits all of them alike); the median of eac
 A forward pre-hook on the model stamps every training step in both loops (train() takes the
 model as an argument), so on CPU ms/step is the steady-state median interval between steps
 (first 10 left out), then the median over repeats; train_seconds / steps (warm-up included)
-is kept too. Writes one JSON + markdown row per model.
+is kept too. Prints one JSON line (the ratios); `--out` also saves one record per model.
 --gpu runs the same four on the GPU (fp32, records gpu_overhead). --plain-gather makes the
 plain loop gather batches as accel_mnist's DeviceLoader does, so that the ratio measures the loop
 alone: `index_select` (`images[idx]`, the inline default, costs about 20 us more per batch of 64
@@ -38,12 +38,6 @@ import torch
 
 from benchmarks import benchlib
 from benchmarks.baselines import plain_pytorch
-
-COLUMNS = ["config.model", "config.batch_size", "config.threads", "config.plain_gather", "ms_per_step_basis",
-           "ms_per_step.plain/dataloader", "ms_per_step.plain/device", "ms_per_step.accel/torch",
-           "ms_per_step.accel/device", "ratio_accel_device_to_plain_device", "ratio_min_accel_device_to_plain_device",
-           "ratio_accel_torch_to_plain_dataloader", "ratio_device_speedup_accel"]  # fmt: skip
-
 
 WARMUP = 10  # per-step intervals left out of the steady-state median
 
@@ -122,7 +116,7 @@ def main(argv=None) -> int:
                    help="how plain/device gathers a batch: images[idx] (as written inline), index_select "
                    "(what accel_mnist's DeviceLoader calls), or index_select from a split normalised once "
                    "(what the DeviceLoader does where the float32 copy fits)")  # fmt: skip
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     args = p.parse_args(argv)
     import torch as _torch
 
@@ -183,8 +177,7 @@ def main(argv=None) -> int:
                 "note": ("ms_per_step: CPU = median over repeats of each run's median per-step interval "
                          f"(first {WARMUP} steps left out); GPU = train_seconds / steps"),
             }  # fmt: skip
-            benchlib.record_result(bench, f"{model}-b{args.batch_size}-t{args.threads}", record,
-                                   COLUMNS, args.out)  # fmt: skip
+            benchlib.save_record(bench, f"{model}-b{args.batch_size}-t{args.threads}", record, args.out)
             summary[model] = {"ms_per_step": ms, **{k: v for k, v in record.items() if k.startswith("ratio")}}
             print(
                 f"{model}: "

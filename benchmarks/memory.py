@@ -60,8 +60,6 @@ LAUNCH = {  # --launch name -> (accelerate config, extra launch args, extra args
         for s in (1, 2, 3)
     },
 }
-COLUMNS = ["strategy", "num_processes", "num_parameters", "peak_gib_max", "peak_gib_per_rank",
-           "allocated_gib_max", "paper_model_states_gib", "steps", "seconds_per_step"]  # fmt: skip
 
 
 def paper_model_states(psi: int, n: int, stage: int) -> float:
@@ -151,7 +149,7 @@ def measure(args) -> int:
             "paper_model_states_gib": round(paper_model_states(psi, n, stage) / GIB, 3),
             "seconds_per_step": seconds, "final_loss": loss.item(),
         }  # fmt: skip
-        benchlib.record_result("memory", f"{name}-n{n}", record, COLUMNS, args.out)
+        benchlib.save_record("memory", f"{name}-n{n}", record, args.out)
         print(
             f"{name} x{n}: {psi / 1e9:.3f}B params; peak per GPU {max(peaks):.2f} GiB "
             f"(allocated after steps {max(allocated):.2f} GiB); paper model states "
@@ -202,7 +200,7 @@ def main(argv=None) -> int:
     p.add_argument("--label", default=None, help="strategy name in the record (default: from the accelerate config)")
     p.add_argument("--fused-adam", action="store_true", help="torch.optim.Adam(fused=True)")
     p.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP: gradients as views into its buckets")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     args = p.parse_args(argv)
     if args.launch:
         unknown = set(args.launch.split(",")) - set(LAUNCH)

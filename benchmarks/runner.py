@@ -4,10 +4,12 @@
     python -m benchmarks h200 --recipe recipes/fast99.yaml --out DIR
 
 Every run is a fresh process. DIR (default benchmarks/results/<hardware>-<UTC date>) gets
-`suite.json` (every run: command, environment, return code, wall seconds, what was parsed,
-curves included; hardware, versions, load average), `README.md` (one table per group, with
-each row's command) and, for suites with curves, `time_to_accuracy.png`. Each run's own
-folder (DIR/runs/ROW-N) is removed after parsing unless --keep-runs.
+`suite.json`, the one results format (every run: command, environment, return code, wall
+seconds, what was parsed, curves included, and the records the command saved in its folder;
+hardware, versions, load average), `README.md` (one table per group, with each row's
+command) and, for suites with curves, `time_to_accuracy.png`. Each run's own folder
+(DIR/runs/ROW-N) is removed after parsing unless --keep-runs. `python -m benchmarks.readme`
+then rewrites benchmarks/README.md's tables from the newest suite.json files.
 """
 
 from __future__ import annotations
@@ -89,6 +91,19 @@ def parse_curve(stdout: str, run_dir: Path, row: Row) -> dict[str, Any]:
             "epoch_seconds": epoch_seconds, **parse_results(stdout, run_dir, row)}  # fmt: skip
 
 
+def saved_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records the command saved in its folder (benchlib.save_record), oldest first: suite.json keeps them."""
+    records = []
+    for path in sorted(run_dir.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "benchmark" in data:
+            records.append(data)
+    return records
+
+
 PARSERS = {"wall": lambda *_: {}, "json_line": parse_json_line, "results": parse_results, "curve": parse_curve}
 
 
@@ -117,6 +132,9 @@ def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, time
             record["parsed"] = PARSERS[row["parse"]](stdout, run_dir, row)
         except (OSError, ValueError, KeyError) as e:
             record["parse_error"] = f"{type(e).__name__}: {e}"
+    records = saved_records(run_dir)
+    if records:
+        record["records"] = records
     if not keep:  # what was parsed is in the record; the run's own files (PNGs, checkpoints) go
         shutil.rmtree(run_dir, ignore_errors=True)
     return record

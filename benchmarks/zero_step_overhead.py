@@ -41,9 +41,6 @@ import torch.nn.functional as F
 
 from benchmarks import benchlib
 
-COLUMNS = ["variant", "processes", "config.model", "config.batch_size", "precision", "ms_per_step",
-           "samples_per_second",
-           "ms_per_step_runs", "final_loss"]  # fmt: skip
 VARIANTS = ["plain_amp", "plain_fp16", "zero0", "zero1", "zero2", "zero2_no_contiguous", "zero2_overlap",
             "zero2_fused_torch", "zero2_bf16", "zero3", "zero2_compile", "zero2_deepcompile", "zero2_bf16_compile",
             "zero2_bf16_deepcompile"]  # fmt: skip
@@ -169,7 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=900)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    p.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -211,9 +208,7 @@ def main(argv=None) -> int:
                   "precision": precision, "ms_per_step": round(ms, 4),
                   "samples_per_second": round(args.batch_size * world / ms * 1e3, 1), "processes": world,
                   "ms_per_step_runs": [round(t, 4) for t in times[v]], "final_loss": round(finals[v], 4)}  # fmt: skip
-        benchlib.record_result(
-            "zero_step_overhead", f"{args.model}-b{args.batch_size}-n{world}-{v}", record, COLUMNS, args.out
-        )
+        benchlib.save_record("zero_step_overhead", f"{args.model}-b{args.batch_size}-n{world}-{v}", record, args.out)
     summary = ", ".join(f"{v} {statistics.median(times[v]):.3f}" for v in variants)
     if rank == 0:
         print(f"ms/step ({world} process(es)): {summary}")

@@ -10,56 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import memory, report, runner, session_summary
+from benchmarks import memory, report, runner
 from benchmarks.baselines import plain_pytorch
 from benchmarks.suites import SUITES
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _run_folder(root: Path, name: str, results: dict, rows: list[dict], wall: float) -> None:
-    (root / name).mkdir(parents=True)
-    (root / name / "results.json").write_text(json.dumps(results))
-    (root / name / "config.json").write_text(json.dumps({"model": "cnn", "batch_size": 512, "output_dir": "x"}))
-    (root / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / f"{name}.wall.json").write_text(json.dumps({"name": name, "rc": 0, "wall_seconds": wall}))
-
-
-def test_session_summary_steady_throughput_first_99_and_labels(tmp_path):
-    runs = tmp_path / "part1"
-    (runs / "bench").mkdir(parents=True)
-    (runs / "gpus.txt").write_text("NVIDIA H200, 143771 MiB, 580\nNVIDIA H200, 143771 MiB, 580\n")
-    (runs / "versions.txt").write_text("3.12.3 2.11.0 1.15.0 0.19.8\n")
-    base = {"global_batch_size": 1024, "epochs": 3.0, "num_processes": 2, "samples_per_second": 1000.0, "zero_stage": 2,
-            "offload_optimizer": "none", "mixed_precision": "fp16"}  # fmt: skip
-    rows = [
-        {"epoch": 0.5, "step": 30, "train_seconds": 0.5, "test_accuracy": 0.95},
-        {"epoch": 1.0, "step": 59, "train_seconds": 1.0, "test_accuracy": 0.98},
-        {"epoch": 2.0, "step": 118, "train_seconds": 1.5, "test_accuracy": 0.991},
-        {"epoch": 3.0, "step": 177, "train_seconds": 2.0, "test_accuracy": 0.992},
-    ]
-    _run_folder(runs, "zero2_run", {**base, "distributed_type": "DEEPSPEED"}, rows, 30.0)
-    _run_folder(runs, "ddp_run", {**base, "distributed_type": "MULTI_GPU", "zero_stage": 0}, rows[:2], 20.0)
-    (runs / "bench" / "throughput-x.json").write_text(json.dumps({
-        "benchmark": "throughput", "table_columns": ["label"], "date": "2026-11-30T00:00:00Z",
-        "hardware_label": "2x H200", "command": "c", "label": "accel_mnist zero3_offload x2",
-        "accelerate_config": "zero3_offload", "num_processes": 2, "samples_per_second": 500.0,
-        "config": {"model": "cnn", "batch_size": 512, "epochs": 1},
-    }))  # fmt: skip
-    out = tmp_path / "out"
-    assert session_summary.main([str(runs), "--out", str(out)]) == 0
-
-    session = json.loads((out / "session.json").read_text())
-    zero2, ddp = session["runs"]["zero2_run"], session["runs"]["ddp_run"]
-    assert session["hardware"] == "2x NVIDIA H200"
-    assert zero2["accelerate_config"] == "zero2" and ddp["accelerate_config"] == "multi_gpu"
-    # (177 - 59) steps x 1024 samples over (2.0 - 1.0) s, from the first to the last epoch end
-    assert zero2["steady_samples_per_second"] == pytest.approx(118 * 1024 / 1.0)
-    assert "steady_samples_per_second" not in ddp  # one epoch end only
-    assert zero2["first_99"] == {"step": 118, "train_seconds": 1.5, "test_accuracy": 0.991}
-    assert zero2["command_wall_seconds"] == 30.0 and "output_dir" not in zero2["config"]
-    assert (out / "throughput-x.json").exists() and "zero3_offload" in (out / "throughput.md").read_text()
-    assert (out / "throughput.png").stat().st_size > 0
 
 
 def test_memory_candidates_point_at_existing_configs():
@@ -223,3 +178,81 @@ def test_plot_curves_draws_every_run_of_the_named_rows(tmp_path):
     path = report.plot_curves(record, ["recipe", "recipe_plain"], tmp_path / "curves.png")
     assert path == tmp_path / "curves.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.plot_curves(record, ["missing"], tmp_path / "none.png") is None
+
+
+def test_run_once_keeps_the_records_a_command_saved_in_its_folder(tmp_path):
+    script = ("import json, sys; from pathlib import Path; run = Path(sys.argv[1]); "
+              "(run / 'cpu_overhead-1-linear.json').write_text(json.dumps({'benchmark': 'cpu_overhead', 'x': 1})); "
+              "(run / 'results.json').write_text(json.dumps({'test_accuracy': 0.5})); "
+              "print(json.dumps({'ratio': 1.5}))")  # fmt: skip
+    row = {"name": "saver", "group": "g", "what": "w", "cmd": ["{python}", "-c", script, "{run}"], "parse": "json_line"}
+    record = runner.run_once(row, {"index": 0, "seed": 0}, runner.context(tmp_path, None), tmp_path, timeout=120)
+    assert record["parsed"] == {"ratio": 1.5}
+    assert record["records"] == [{"benchmark": "cpu_overhead", "x": 1}]  # results.json is no record
+    assert not (tmp_path / "runs" / "saver-0").exists()
+
+
+def test_save_record_writes_only_where_asked(tmp_path):
+    from benchmarks import benchlib
+
+    hw = {"cpu": "test", "cpu_cores": 2, "torch_threads": 2, "gpu": None, "gpu_count": 0}
+    record = {"hardware": hw, "versions": {}, "date": "2026-12-01T00:00:00Z", "command": "c"}
+    assert benchlib.save_record("bench", "t", dict(record), None) is None
+    path = benchlib.save_record("bench", "a b", dict(record), tmp_path)
+    assert path == tmp_path / "bench-20261201T000000Z-a_b.json" and json.loads(path.read_text())["benchmark"] == "bench"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the record only: no markdown table
+
+
+# -- python -m benchmarks.readme: benchmarks/README.md's tables from the results -----------------
+
+
+def test_benchmarks_readme_is_generated_from_the_newest_results():
+    from benchmarks import readme
+
+    text = readme.README.read_text()
+    assert readme.rewrite(text) == text, "benchmarks/README.md is stale: run python -m benchmarks.readme"
+
+
+def _suite_json(folder: Path, date: str, walls: dict[str, list[float]], parsed: dict | None = None) -> None:
+    rows = [row for row in SUITES["cpu"]["rows"] if row["name"] in walls]
+    runs = [{"row": name, "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.5, "command": name,
+             "parsed": parsed or {}} for name, ws in walls.items() for i, w in enumerate(ws)]  # fmt: skip
+    record = {"suite": "cpu", "date": date, "hardware_label": "CPU: test", "command": f"cpu {date}", "rows": rows,
+              "ratios": SUITES["cpu"]["ratios"], "runs": runs}  # fmt: skip
+    folder.mkdir(parents=True)
+    (folder / "suite.json").write_text(json.dumps(record))
+
+
+def test_readme_takes_each_group_from_its_newest_folder_and_notices_a_stale_region(tmp_path):
+    from benchmarks import readme
+
+    results = tmp_path / "results"
+    loader = {"device_loader_us_per_batch": 24.0, "prepared_us_per_batch": 48.0, "extra_us_per_batch": 24.0}
+    _suite_json(results / "cpu-a-2026-12-01", "2026-12-01T08:00:00Z",
+                {"floor": [4.0, 5.0], "one_step": [6.0, 4.4], "loader_overhead": [3.0]}, loader)  # fmt: skip
+    _suite_json(results / "cpu-b-2026-12-02", "2026-12-02T08:00:00Z", {"loader_overhead": [3.5]},
+                {**loader, "extra_us_per_batch": 20.0})  # fmt: skip
+    (results / "old-2026-11-30").mkdir()
+    (results / "old-2026-11-30" / "cpu_overhead-x-linear.json").write_text("{}")
+
+    text = readme.generate(results)
+
+    def section(heading: str) -> str:
+        start = text.index(heading)
+        return text[start : text.index("\n###", start)]
+
+    startup, step = section("#### `cpu` startup"), section("#### `cpu` step")
+    assert "cpu-a-2026-12-01" in startup and "one_step / floor (median wall seconds): 5.20 / 4.50 = **1.16**" in startup
+    assert "cpu-b-2026-12-02" in step and "extra 20" in step and "cpu-a" not in step  # the newer run of the group
+    assert "| [`old-2026-11-30`](results/old-2026-11-30/) | earlier format (cpu_overhead records)" in text
+    assert text.index("cpu-b-2026-12-02`](") < text.index("cpu-a-2026-12-01`](", text.index("### Results folders"))
+
+    page = tmp_path / "README.md"
+    page.write_text(f"# b\n\n{readme.BEGIN}\nold table\n{readme.END}\n\nafter\n")
+    args = ["--readme", str(page), "--results", str(results)]
+    assert readme.main([*args, "--check"]) == 1 and "old table" in page.read_text()  # stale: --check fails
+    assert readme.main(args) == 0 and readme.main([*args, "--check"]) == 0
+    assert page.read_text().endswith(f"{readme.END}\n\nafter\n") and "old table" not in page.read_text()
+    page.write_text("# no markers\n")
+    with pytest.raises(ValueError):
+        readme.main(args)

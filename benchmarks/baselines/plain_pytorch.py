@@ -34,9 +34,6 @@ from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split
 from accel_mnist.models import build_model, num_parameters
 from benchmarks import benchlib
 
-COLUMNS = ["config.model", "config.data", "config.batch_size", "config.precision", "steps",
-           "samples_per_second", "ms_per_step", "train_seconds", "test_accuracy"]  # fmt: skip
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="plain PyTorch MNIST baseline")
@@ -57,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    p.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     p.add_argument("--tag", default="", help="label added to the result file name")
     p.add_argument("--scheduler", choices=["none", "onecycle"], default="none", help="torch OneCycleLR over the run")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (clock paused)")
@@ -283,7 +280,7 @@ def main(argv=None) -> int:
     tag = (
         f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}{args.tag and '-' + args.tag}"
     )
-    benchlib.record_result("plain_pytorch", tag, record, COLUMNS, args.out)
+    benchlib.save_record("plain_pytorch", tag, record, args.out)
     print(
         f"plain_pytorch {tag}: {result['samples_per_second']:.0f} samples/s, {result['ms_per_step']:.3f} ms/step, "
         f"train {result['train_seconds']:.2f} s, test_accuracy {result.get('test_accuracy', float('nan')):.4f}"

@@ -21,7 +21,7 @@ Changes from the post (everything else is as written there):
   4. The process group is initialised by the script when no launcher did it (a plain
      `python seed_fixed.py` is then a world of one: gloo on CPU, NCCL on GPU).
   5. Measurement only: per-epoch wall time (synchronised), samples/s, a final test-set
-     accuracy, `--epochs` / `--max-steps` for short runs, and a JSON + markdown result.
+     accuracy, `--epochs` / `--max-steps` for short runs, and a JSON record (`--out`).
 Not fixed, on purpose (it is the seed's behaviour): there is no DistributedSampler, so
 with N processes every rank trains on all 60000 images each epoch, and the configured
 train_batch_size 64 is the GLOBAL batch (DeepSpeed derives a micro batch of 64/N that the
@@ -51,9 +51,6 @@ from torchvision.datasets.vision import VisionDataset
 
 from accel_mnist.data.catalog import load_split
 from benchmarks import benchlib
-
-COLUMNS = ["world_size", "fp16", "epochs_run", "steps", "samples_per_second", "ms_per_step",
-           "train_seconds", "epoch_seconds", "test_accuracy"]  # fmt: skip
 
 
 # 定义一个简单的模型 (the post's model, unchanged)
@@ -93,7 +90,7 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (smoke tests)")
     parser.add_argument("--data-dir", default=None, help="default $ACCEL_MNIST_DATA_DIR")
     parser.add_argument("--distributed-sampler", action="store_true", help="shard the data (not in the post)")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     parser.add_argument("--metrics-out", default=None,
                         help="measurement only: test accuracy after each epoch (clock stopped), as JSON lines of "
                         "step, train_seconds, test_accuracy (accel_mnist's metrics.jsonl keys)")  # fmt: skip
@@ -201,8 +198,7 @@ def main() -> int:
             "train_seconds": train_seconds, "epoch_seconds": epoch_seconds,
             "test_accuracy": accuracy, "final_loss": loss.item(),
         }  # fmt: skip
-        benchlib.record_result("seed_fixed", f"w{world}-{'fp16' if cuda else 'fp32'}-s{steps}", record,
-                               COLUMNS, args.out)  # fmt: skip
+        benchlib.save_record("seed_fixed", f"w{world}-{'fp16' if cuda else 'fp32'}-s{steps}", record, args.out)
         print(
             f"seed_fixed: {steps} steps in {train_seconds:.2f} s ({record['samples_per_second']:.0f} samples/s "
             f"per rank), test_accuracy {accuracy:.4f}"
