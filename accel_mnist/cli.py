@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
@@ -20,6 +21,7 @@ from .errors import UsageError
 from .training.preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process SIGPIPE ended (128 + 13)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,3 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`accel-mnist predict ... | head`): nothing is wrong with the run.
+        # Point stdout at devnull so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
