@@ -140,8 +140,13 @@ def process_group_of_one() -> bool:
         return False
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:  # a free port: two such runs on one machine must not collide
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    if "MASTER_PORT" not in os.environ:  # a free one: two such runs on one machine must not collide
+        os.environ["MASTER_PORT"] = str(free_port())
     return True
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (the OS's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
