@@ -180,3 +180,28 @@ def test_a_json_under_accelerate_launch_of_ddp_is_refused(tmp_path):
     # accelerate's simple launcher adds a traceback of its own for the worker's exit code 2; the worker has none.
     assert "for DeepSpeed" in errors[0] and "Traceback" not in proc.stderr.split(errors[0])[0]
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.gpu
+def test_seed_json_under_torchrun_and_python_m_on_one_gpu(tmp_path):
+    """The post's JSON unchanged (fp16, ZeRO-2, batch 64) on one GPU: torchrun's process and a
+    process of its own (python -m, NCCL on a group of one) train alike."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
+    seed = str(REPO / "examples" / "deepspeed" / "ds_config.json")
+    args = ["--model", "linear", "--lr", "3e-4", "--max-steps", "300", "--eval-every", "150", "--no-download",
+            "--no-save-checkpoints", "--no-plots", "--deepspeed_config", seed]  # fmt: skip
+    got = {}
+    for name, prefix in (("torchrun", torchrun(1)), ("python", [sys.executable, "-m"])):
+        proc, results = launch(prefix, args, tmp_path / name)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert first_line(proc) == "strategy: DeepSpeed ZeRO-2; precision: fp16; world size: 1; device: cuda"
+        assert (results["distributed_type"], results["mixed_precision"], results["global_batch_size"]) == (
+            "DEEPSPEED", "fp16", 64)  # fmt: skip
+        assert results["test_accuracy"] > 0.8  # 300 steps of Adam 3e-4; an untrained model scores about 0.1
+        got[name] = rows(tmp_path / name)
+    assert_parity(got["python"], got["torchrun"], "python -m vs torchrun, seed JSON, 1 GPU")
