@@ -1,7 +1,9 @@
 """The one typed training config: defaults, validation, and loading from files and flags.
 
 The parallel strategy (DDP, ZeRO stage, offload, mixed precision) is deliberately absent:
-it comes only from the accelerate config, so the same TrainConfig runs everywhere.
+it comes from the accelerate config, or from the DeepSpeed JSON that `deepspeed_config` names
+(the one way to ask for DeepSpeed under DeepSpeed's own launcher, torchrun, `python -m` or a
+notebook), so the same TrainConfig runs everywhere.
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ class TrainConfig:
     )
     max_grad_norm: float | None = field(
         default=None, metadata={"help": "clip gradients to this norm (none: no clipping)"}
+    )
+    deepspeed_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "a DeepSpeed JSON (ds_config.json): train under DeepSpeed with its ZeRO stage, precision and "
+            "offload, whatever the launcher (also spelt --deepspeed_config, as DeepSpeed's own scripts do)"
+        },
     )
     seed: int = field(default=42, metadata={"help": "seed for weights and data order"})
     stop_at_accuracy: float | None = field(
@@ -149,6 +158,8 @@ class TrainConfig:
             raise ConfigError(f"stop_at_accuracy: must be in (0, 1], got {self.stop_at_accuracy}")
         if not self.output_dir:
             raise ConfigError("output_dir: must not be empty")
+        if self.deepspeed_config is not None and not self.deepspeed_config.strip():
+            raise ConfigError("deepspeed_config: must not be empty (null for no DeepSpeed JSON)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, as saved in config.json and checkpoints."""

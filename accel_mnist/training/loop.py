@@ -43,12 +43,13 @@ def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_backg
     """Train `model` (default: the registry's `config.model`) and return results.json's fields.
 
     Runs unchanged on CPU, one or several GPUs, DDP, DeepSpeed ZeRO 1-3 and FSDP: the strategy
-    comes from the accelerate config of the launch (`accelerate launch --config_file ...`). With
+    comes from the accelerate config of the launch (`accelerate launch --config_file ...`), or
+    from `config.deepspeed_config` under any launcher; the first line printed says which. With
     `config.plots` the PNGs are drawn before this returns, or, with `plots_in_background` (the
     CLI's choice, so that a command does not wait for matplotlib), by a process of their own.
     """
     start = time.perf_counter()
-    accelerator = build_accelerator(config)
+    accelerator = build_accelerator(config, announce=True)
     try:
         with StopSignals() as stop:
             run = start_run(accelerator, config, model, stop)
