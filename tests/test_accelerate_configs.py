@@ -458,7 +458,7 @@ FSDP_WIZARD = {
 @pytest.mark.parametrize("name", list(FSDP_WIZARD))
 def test_fsdp_yaml_is_what_the_wizard_writes(name, tmp_path):
     pytest.importorskip("pexpect")
-    from test_wizard import run_wizard
+    from tests.helpers import run_wizard
 
     written = tmp_path / name
     run_wizard(FSDP_WIZARD[name], written)

@@ -18,27 +18,12 @@ from torch import nn
 from accel_mnist import TrainConfig, train
 from accel_mnist.errors import NonFiniteLossError, UsageError
 from accel_mnist.run import checkpoint as ckpt
-from conftest import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, final_weights, find_rank, kill_tree, metrics_rows
 
 # mlp has dropout, so an exact resume also needs the RNG state back; eval and checkpoint
 # steps do not line up, so the per-rank loss sums since the last eval must come back too.
 RUN_ARGS = ["--model", "mlp", "--max-steps", "240", "--eval-every", "30", "--checkpoint-every", "40",
             "--keep-checkpoints", "2", "--no-download", "--quiet", "--no-export"]  # fmt: skip
-
-
-def metrics_rows(out: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
-
-
-def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    last = ckpt.list_checkpoints(out)[-1]
-    files = sorted(last.glob("**/*.safetensors")) or sorted(last.glob("**/*model_states.pt"))
-    assert files, f"no model weights in {last}"
-    if files[0].suffix == ".safetensors":
-        return load_file(files[0])
-    # DeepSpeed's model-states file holds the module's weights beside DeepSpeed's own objects.
-    return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
 
 
 def launch_cmd(launch_args: list[str] | None, out: Path, *extra: str) -> list[str]:
@@ -71,32 +56,6 @@ def run_until_checkpoint_then_kill(cmd, out: Path, step: int, timeout=600) -> No
     proc.wait()
     time.sleep(1)  # nothing may still be writing
     assert not (out / "results.json").exists(), "the run finished before it was killed"
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once, as a job scheduler's kill would.
-
-    torchrun starts each worker in a session of its own, so killing the launcher's process
-    group would leave the workers running.
-    """
-    parents = {}
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-        except OSError:
-            continue
-        parents[int(p)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        children = [c for c, parent in parents.items() if parent == frontier[-1]]
-        frontier.pop()
-        tree.update(children)
-        frontier.extend(children)
-    for p in tree:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 STRATEGIES = {
@@ -256,7 +215,7 @@ def test_a_dead_process_stops_the_others(tmp_path, mnist_dir):
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert marker.exists(), "the run never checkpointed"
-        rank1 = _find_rank(proc.pid, 1)
+        rank1 = find_rank(proc.pid, 1)
         os.kill(rank1, signal.SIGKILL)
         killed_at = time.monotonic()
         proc.wait(timeout=120)
@@ -264,21 +223,6 @@ def test_a_dead_process_stops_the_others(tmp_path, mnist_dir):
         assert time.monotonic() - killed_at < 120
     finally:
         kill_tree(proc.pid)
-
-
-def _find_rank(launcher_pid: int, rank: int) -> int:
-    """The pid of the launcher's worker with RANK=`rank` (workers have sessions of their own)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
-                continue
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (OSError, ProcessLookupError):
-            continue
-        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
-            return int(pid)
-    raise AssertionError(f"no worker with RANK={rank}")
 
 
 # The same faults with two processes: a script run by `accelerate launch` patches the save

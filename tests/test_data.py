@@ -26,6 +26,7 @@ from accel_mnist.data.catalog import (
     resolve_data_dir,
 )
 from accel_mnist.data.idx import read_idx
+from tests.helpers import gzip_bomb
 
 N_TRAIN, N_TEST = 6, 4
 
@@ -139,18 +140,6 @@ def test_read_idx_rejects_corrupt_files(tmp_path, write_idx, make, words):
     with pytest.raises(DataError) as excinfo:
         read_idx(path)
     assert_data_error(excinfo, path, *words)
-
-
-def gzip_bomb(path, header_dims, data_bytes, inflated_gib):
-    """A gzip of an IDX header (uint8, `header_dims`) and `data_bytes` zeros, followed by
-    members of zeros that inflate to `inflated_gib` GiB (gzip readers join members)."""
-    header = bytes([0, 0, 0x08, len(header_dims)]) + b"".join(d.to_bytes(4, "big") for d in header_dims)
-    member = gzip.compress(bytes(64 << 20), compresslevel=9)  # 64 MiB -> 65 KB
-    with open(path, "wb") as f:
-        f.write(gzip.compress(header + bytes(data_bytes)))
-        for _ in range(inflated_gib * 16):
-            f.write(member)
-    return path
 
 
 def test_read_idx_refuses_a_header_over_the_cap_before_reading(tmp_path):

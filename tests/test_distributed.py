@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import CONFIGS, MNIST_DIR, TIMING_KEYS, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, TIMING_KEYS, accelerate_launch
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from accel_mnist import TrainConfig
 from accel_mnist.errors import UsageError
 from accel_mnist.optim import check_deepspeed_optim
 from accel_mnist.run import checkpoint as ckpt
-from conftest import CONFIGS, MNIST_DIR, TIMING_KEYS, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, TIMING_KEYS, accelerate_launch
 
 BASE = {
     "train_batch_size": "auto",

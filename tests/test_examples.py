@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import MNIST_DIR, REPO
+from tests.helpers import MNIST_DIR, REPO
 
 EXAMPLES = REPO / "examples"
 

@@ -26,7 +26,7 @@ from accel_mnist.export.model_dir import (  # isort: skip (one line of names, ke
 )  # fmt: skip
 from accel_mnist.distributed.strategy import build_accelerator
 from accel_mnist.models import build_model
-from conftest import CONFIGS, MNIST_DIR, REPO
+from tests.helpers import CONFIGS, MNIST_DIR, REPO
 
 
 def assert_one_line(excinfo, *needles):

@@ -19,8 +19,7 @@ from accel_mnist.errors import UsageError
 from accel_mnist.run import checkpoint as ckpt
 from accel_mnist.run.outputs import PREEMPTED_FILE
 from accel_mnist.training.preemption import EXIT_PREEMPTED
-from conftest import CONFIGS, MNIST_DIR, REPO
-from test_checkpoint import _find_rank, final_weights, kill_tree, metrics_rows
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, final_weights, find_rank, kill_tree, metrics_rows
 
 ARGS = ["--model", "linear", "--max-steps", "120", "--checkpoint-every", "20", "--log-every", "5",
         "--eval-every", "60", "--no-download", "--quiet", "--no-export"]  # fmt: skip
@@ -169,7 +168,7 @@ def test_a_dead_worker_is_restarted_by_the_launcher_and_resumes(launch, tmp_path
     restarting = ["--max_restarts", "1", *launch]
     proc, log = start_and_wait_for(command(restarting, broken, "--resume-from", "auto"), broken, 20)
     try:
-        os.kill(_find_rank(proc.pid, 1), signal.SIGKILL)
+        os.kill(find_rank(proc.pid, 1), signal.SIGKILL)
         code = proc.wait(timeout=300)
     finally:
         kill_tree(proc.pid)

@@ -32,7 +32,7 @@ from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE, check_s
 from accel_mnist.errors import UsageError
 from accel_mnist.run import checkpoint as ckpt
 from accel_mnist.run.checkpoint_weights import FSDP_FULL, FSDP_SHARDED, checkpoint_weights
-from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, accelerate_launch
 
 no_gpu_only = pytest.mark.skipif(is_cuda_available(), reason="about machines without a GPU")
 requires_gpu = pytest.mark.skipif(not is_cuda_available(), reason="needs a CUDA GPU")

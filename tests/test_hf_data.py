@@ -11,7 +11,7 @@ import torch
 from accel_mnist import DataError, TrainConfig, train
 from accel_mnist.data.catalog import load_datasets, load_split
 from accel_mnist.data.hf import load_hf_datasets, pixel_mean_std
-from conftest import MNIST_DIR
+from tests.helpers import MNIST_DIR
 
 datasets = pytest.importorskip("datasets")
 from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, Image, Value  # noqa: E402

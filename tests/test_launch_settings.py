@@ -14,7 +14,7 @@ import pytest
 from accel_mnist import TrainConfig
 from accel_mnist.distributed.launch_settings import check_launch
 from accel_mnist.errors import UsageError
-from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, accelerate_launch
 
 QUICK = ["--model", "linear", "--max-steps", "2", "--eval-every", "0", "--no-download", "--no-export",
          "--no-save-checkpoints", "--eval-batch-size", "5000"]  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIGS, MNIST_DIR, REPO, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, accelerate_launch
 
 TRAIN_ARGS = ["--model", "linear", "--batch-size", "32", "--max-steps", "20", "--eval-every", "10",
               "--eval-batch-size", "2500", "--no-download"]  # fmt: skip

@@ -24,7 +24,7 @@ import pytest
 from safetensors.torch import load_file
 
 from accel_mnist.cli import main
-from conftest import CONFIGS, REPO, accelerate_launch
+from tests.helpers import CONFIGS, REPO, accelerate_launch
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11, as .ci/floors.py
 RECIPES = REPO / "recipes"

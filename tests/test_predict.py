@@ -25,7 +25,7 @@ from accel_mnist.errors import UsageError
 from accel_mnist.export.model_dir import full_state_dict, load_model, save_exported
 from accel_mnist.export.predict import evaluate_exported, predict_files
 from accel_mnist.models import build_model
-from conftest import CONFIGS, MNIST_DIR, REPO
+from tests.helpers import CONFIGS, MNIST_DIR, REPO
 
 MEAN, STD = 0.1307, 0.3081
 
@@ -289,7 +289,7 @@ def predict_peak_rss(export: Path, path: Path) -> tuple[subprocess.CompletedProc
 
 
 def test_predict_on_gzip_bombs_stays_within_memory(exported, tmp_path, write_idx):
-    from test_data import gzip_bomb
+    from tests.helpers import gzip_bomb
 
     small = write_idx(tmp_path / "ten-idx3-ubyte.gz", np.zeros((10, 28, 28), np.uint8), gz=True)
     proc, baseline = predict_peak_rss(exported[0], small)

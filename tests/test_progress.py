@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import MNIST_DIR, REPO
+from tests.helpers import MNIST_DIR, REPO
 
 ARGS = ["train", "--model", "linear", "--max-steps", "20", "--eval-every", "10", "--no-download",
         "--no-export", "--no-save-checkpoints"]  # fmt: skip

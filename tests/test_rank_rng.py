@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from accel_mnist import TrainConfig, train
 from accel_mnist.run import checkpoint as ckpt
-from conftest import CONFIGS, REPO
+from tests.helpers import CONFIGS, REPO
 
 # Run by `accelerate launch`: records, per rank, the weights the library builds (before any
 # wrapper broadcasts them) and the first training batches' dropout masks, through a global

@@ -22,7 +22,7 @@ from accel_mnist import TrainConfig, train
 from accel_mnist.errors import UsageError
 from accel_mnist.run import checkpoint as ckpt
 from accel_mnist.run.safe_load import load_file, verify_checkpoint
-from conftest import CONFIGS, MNIST_DIR, REPO
+from tests.helpers import CONFIGS, MNIST_DIR, REPO
 
 ZERO2 = ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"]
 TRAIN_ARGS = ["--model", "mlp", "--max-steps", "8", "--checkpoint-every", "4", "--eval-every", "0",

@@ -151,7 +151,7 @@ def test_plots_can_be_left_for_later(config, plots):
 
 def test_the_fast_recipe_file_is_a_valid_training_config():
     from accel_mnist.cli import config_from_args
-    from conftest import REPO
+    from tests.helpers import REPO
 
     args = type("Args", (), {"config": str(REPO / "recipes" / "fast99.yaml")})()
     recipe = config_from_args(args)  # type: ignore[arg-type]

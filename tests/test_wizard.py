@@ -11,20 +11,14 @@ which it does just before it starts reading them.
 
 from __future__ import annotations
 
-import re
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
 
-from conftest import CONFIGS, MNIST_DIR, accelerate_launch
+from tests.helpers import CONFIGS, DOWN, ENTER, MNIST_DIR, accelerate_launch, run_wizard
 
 pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.slow
 
-DOWN, ENTER = "\x1b[B", "\r"
-HIDE_CURSOR = "\x1b[?25l"
 COMMON_START = [
     ("In which compute environment are you running?", "0" + ENTER),  # This machine
 ]
@@ -85,36 +79,6 @@ EXPECTED = {
                   run=("DEEPSPEED", 2, 2)),
 }  # fmt: skip
 TRAIN_ARGS = ["--model", "linear", "--max-steps", "20", "--no-download"]
-
-
-def run_wizard(answers: list[tuple[str, str]], config_file: Path) -> str:
-    """Answer the wizard's questions in order; returns its transcript."""
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    child = pexpect.spawn(accelerate, ["config", "--config_file", str(config_file)],
-                          encoding="utf-8", timeout=60, dimensions=(50, 200))  # fmt: skip
-    transcript = []
-    try:
-        for question, answer in answers:
-            try:
-                child.expect(re.escape(question))
-            except (pexpect.TIMEOUT, pexpect.EOF) as exc:
-                raise AssertionError(
-                    f"the wizard did not ask {question!r} next ({type(exc).__name__}); its last output:\n"
-                    f"{(child.before or '')[-1500:]}"
-                ) from None
-            transcript.append(child.before + child.after)
-            if answer.endswith(ENTER):
-                # A menu: it hides the cursor right before it starts reading keys in raw mode.
-                child.expect_exact(HIDE_CURSOR)
-            child.send(answer)
-        child.expect(pexpect.EOF)
-        transcript.append(child.before)
-    finally:
-        child.close(force=True)
-    text = "".join(transcript)
-    assert child.exitstatus == 0, f"wizard exited {child.exitstatus}:\n{text[-1500:]}"
-    assert f"accelerate configuration saved at {config_file}" in text
-    return text
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
