@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -191,19 +190,11 @@ def test_evaluate_exported_matches_training(exported):
     assert metrics["test_loss"] == pytest.approx(results["test_loss"], rel=1e-5)
 
 
-# The command line. cli.py adds these subcommands through predict.register; until it does,
-# tests/subcommands_cli.py runs the same handlers as cli.main would.
-
-
-def _wired() -> bool:
-    from accel_mnist.cli import build_parser
-
-    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return bool(actions) and "predict" in actions[0].choices
+# The command line: `accel-mnist export|evaluate|predict`, which cli.py adds through predict.register.
 
 
 def run_cli(*args: str, launch: list[str] | None = None) -> subprocess.CompletedProcess:
-    target = ["-m", "accel_mnist"] if _wired() else [str(Path(__file__).with_name("subcommands_cli.py"))]
+    target = ["-m", "accel_mnist"]
     prefix = [str(Path(sys.executable).with_name("accelerate")), "launch", *launch] if launch else [sys.executable]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([*prefix, *target, *args], capture_output=True, text=True, timeout=600, env=env,
