@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,20 @@ def mnist_dir() -> Path:
     if not (helpers.MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"real MNIST files not found at {helpers.MNIST_DIR}")
     return helpers.MNIST_DIR
+
+
+@pytest.fixture(scope="session")
+def synthetic_mnist_files(tmp_path_factory) -> Path:
+    """The folder of synthetic MNIST IDX files (helpers.SYNTHETIC_TRAIN / SYNTHETIC_TEST images,
+    written once a session). Reading them as `mnist` needs helpers.synthetic_counts()."""
+    return helpers.write_synthetic_mnist(tmp_path_factory.mktemp("synthetic_mnist"))
+
+
+@pytest.fixture
+def synthetic_mnist(synthetic_mnist_files) -> Iterator[Path]:
+    """The synthetic MNIST folder, read as `mnist` during the test (its record counts expected)."""
+    with helpers.synthetic_counts():
+        yield synthetic_mnist_files
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""What several test files share: paths, the real MNIST location, and the launchers' wrappers.
+"""What several test files share: paths, the real and the synthetic MNIST files, and the launchers'
+wrappers.
 
 Imported as `tests.helpers` (tests/ is a package, so that files of the same name can live in
 different tiers). Fixtures and hooks live in conftest.py; everything else shared lives here.
@@ -6,6 +7,7 @@ different tiers). Fixtures and hooks live in conftest.py; everything else shared
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -13,6 +15,8 @@ import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +42,50 @@ def write_idx(path, array, *, gz: bool = False, code: int = 0x08, tail: bytes = 
     payload = payload[: len(payload) - cut]
     path.write_bytes(gzip.compress(payload) if gz else payload)
     return path
+
+
+# --------------------------------------------------------------------------- synthetic MNIST
+
+# 100 batches of 64: the in-process runs that use these files instead of the real ones (up to 100
+# steps) stay within their first epoch, as they did on the real files. 128 test images keep
+# their evaluations quick.
+SYNTHETIC_TRAIN, SYNTHETIC_TEST = 6400, 128
+
+
+def synthetic_digits(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """`n` learnable 28x28 uint8 images and their uint8 labels: dim noise and a bright block
+    whose place is the label."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, n).astype(np.uint8)
+    images = rng.integers(0, 40, (n, 28, 28), dtype=np.uint8)
+    for image, label in zip(images, labels, strict=True):
+        row, col = divmod(int(label), 5)
+        image[4 + 10 * row : 12 + 10 * row, 1 + 5 * col : 5 + 5 * col] = 250
+    return images, labels
+
+
+def write_synthetic_mnist(folder: Path, n_train: int = SYNTHETIC_TRAIN, n_test: int = SYNTHETIC_TEST) -> Path:
+    """MNIST's four gzipped IDX files, under the real files' names, holding synthetic_digits."""
+    for split, n, seed in (("train", n_train, 0), ("t10k", n_test, 1)):
+        images, labels = synthetic_digits(n, seed)
+        write_idx(folder / f"{split}-images-idx3-ubyte.gz", images, gz=True)
+        write_idx(folder / f"{split}-labels-idx1-ubyte.gz", labels, gz=True)
+    return folder
+
+
+@contextmanager
+def synthetic_counts(n_train: int = SYNTHETIC_TRAIN, n_test: int = SYNTHETIC_TEST) -> Iterator[None]:
+    """While it lasts, `mnist` expects the synthetic files' record counts: load_split checks a
+    named dataset's counts (60000 / 10000 for MNIST). In this process only: a subprocess still
+    expects the real counts, so tests that start one give it the real files."""
+    import pytest
+
+    from accel_mnist.data.catalog import DATASETS
+
+    spec = dataclasses.replace(DATASETS["mnist"], train_records=n_train, test_records=n_test)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(DATASETS, "mnist", spec)
+        yield
 
 
 def accelerate_launch(launch_args, train_args, output_dir, *, env=None, timeout=600):

@@ -14,6 +14,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split
 from accel_mnist.data.device_loader import DeviceLoader
 from accel_mnist.data.placement import choose_data_loader, copy_fits, device_loader_fits
+from tests.helpers import SYNTHETIC_TEST
 
 MEAN, STD = DATASETS["mnist"].mean, DATASETS["mnist"].std
 
@@ -313,17 +314,18 @@ def test_registers_with_accelerate_gradient_state():
     assert not state.in_dataloader
 
 
-def test_gather_for_metrics_single_process_with_real_accelerator(mnist_dir):
+def test_gather_for_metrics_single_process_with_real_accelerator(synthetic_mnist):
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=True)
-    images, labels = load_split("mnist", mnist_dir, train=False, download=False)
-    dl = DeviceLoader(images, labels, MEAN, STD, 333, shuffle=False, device=accelerator.device,
+    images, labels = load_split("mnist", synthetic_mnist, train=False, download=False)
+    assert len(labels) == SYNTHETIC_TEST and SYNTHETIC_TEST % 50  # the last batch is not full
+    dl = DeviceLoader(images, labels, MEAN, STD, 50, shuffle=False, device=accelerator.device,
                       num_processes=accelerator.num_processes, process_index=accelerator.process_index)  # fmt: skip
     count = 0
     for _, y in dl:
         count += len(accelerator.gather_for_metrics(y))
-    assert count == 10000
+    assert count == SYNTHETIC_TEST
 
 
 def test_joins_gradient_state_only_through_accelerates_public_loader_base():
