@@ -1,4 +1,10 @@
-"""Shared pytest fixtures and hooks (helpers that are not fixtures live in tests/helpers.py)."""
+"""Shared pytest fixtures and hooks (helpers that are not fixtures live in tests/helpers.py).
+
+The tests live in tiers, one folder each, and each test gets its folder's marker:
+unit (in-process, no real data), e2e (one process end to end: the CLI in a subprocess,
+train() runs), launch (several processes: `accelerate launch`, torchrun, killed runs) and
+gpu (needs a CUDA GPU; skipped without one).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,28 @@ from pathlib import Path
 import pytest
 
 from tests import helpers
+
+TIERS = ("unit", "e2e", "launch", "gpu")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = None
+    for item in items:
+        try:
+            tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a test file outside tests/
+            continue
+        if tier not in TIERS:
+            continue
+        item.add_marker(tier)
+        if tier == "gpu":
+            if cuda is None:
+                import torch
+
+                cuda = torch.cuda.is_available()
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
 @pytest.fixture
