@@ -11,13 +11,17 @@ ACCELERATE_CONFIG ?=
 TRAIN_ARGS ?= --model cnn --epochs 1 --output-dir outputs/cnn --overwrite
 PYTEST_ARGS ?=
 
-.PHONY: train test test-floors lint clean
+.PHONY: train test test-fast test-floors lint clean
 train: $(VENV)/.installed
 	$(BIN)/accelerate launch $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) -m accel_mnist train $(TRAIN_ARGS)
 
 # Every tier: tests/unit, tests/e2e, tests/launch and tests/gpu (skipped without a GPU).
 test: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The unit tier alone: in process, on synthetic data, seconds.
+test-fast: $(VENV)/.installed
+	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
 # Lint, formatting and types; the settings are in pyproject.toml ([tool.ruff], [tool.mypy]).
 lint: $(VENV)/.installed
