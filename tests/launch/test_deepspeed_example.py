@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from accel_mnist.distributed.launchers import free_port
-from conftest import MNIST_DIR, REPO
+from tests.helpers import MNIST_DIR, REPO
 
 SCRIPT = REPO / "examples" / "deepspeed" / "train.sh"
 

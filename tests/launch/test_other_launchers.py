@@ -20,7 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 from accel_mnist.distributed.launchers import free_port
-from conftest import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from accel_mnist.distributed.launch_settings import check_launch, zero3_init
 from accel_mnist.distributed.launchers import process_group_of_one
 from accel_mnist.distributed.strategy_checks import strategy_line
 from accel_mnist.errors import UsageError
-from conftest import CONFIGS, REPO
+from tests.helpers import CONFIGS, REPO
 
 # What the launchers export; none of it may leak in from the shell that runs the tests.
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK",
