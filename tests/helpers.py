@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import pickle
+import shutil
 import signal
 import struct
 import subprocess
@@ -121,6 +122,13 @@ def equal_to_image_tensor_dataset(device: str, normalise_once: bool, n: int = 50
 
 
 # --------------------------------------------------------------------------- commands
+
+
+def console_script(name: str) -> str:
+    """A console script (deepspeed, torchrun, accelerate) of this interpreter's environment, else the one
+    on PATH: a GPU machine may have the package installed to another prefix than the interpreter's."""
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else shutil.which(name) or str(beside)
 
 
 def run_command(cmd: list[str], *, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

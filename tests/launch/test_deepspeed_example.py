@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from accel_mnist.distributed.launchers import free_port
-from tests.helpers import MNIST_DIR, REPO
+from tests.helpers import MNIST_DIR, REPO, console_script
 
 SCRIPT = REPO / "examples" / "deepspeed" / "train.sh"
 
@@ -29,7 +28,7 @@ def need_mnist():
 def run_script(out: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     full_env.update(ACCEL_MNIST_DATA_DIR=str(MNIST_DIR), OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()),
-                    DEEPSPEED=str(Path(sys.executable).with_name("deepspeed")), **env)  # fmt: skip
+                    DEEPSPEED=console_script("deepspeed"), **env)  # fmt: skip
     cmd = ["bash", str(SCRIPT), *args, "--output-dir", str(out), "--no-plots"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -20,7 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 from accel_mnist.distributed.launchers import free_port
-from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch, console_script
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def launch(prefix: list[str], train_args: list[str], out: Path) -> tuple[subproc
 
 
 def deepspeed(*launcher_args: str) -> list[str]:
-    return [str(BIN / "deepspeed"), "--master_port", str(free_port()), *launcher_args, "--module"]
+    return [console_script("deepspeed"), "--master_port", str(free_port()), *launcher_args, "--module"]
 
 
 def torchrun(nproc: int) -> list[str]:
