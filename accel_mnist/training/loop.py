@@ -80,7 +80,7 @@ def start_run(
     with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
         train_set, test_set = load_datasets(config.dataset, config.data_dir, download=config.download)
     model_name = config.model if model is None else type(model).__name__
-    model = build_model(config.model) if model is None else model
+    model = build_model(config.model, config.mlp_hidden) if model is None else model
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
@@ -295,7 +295,9 @@ class TrainingRun:
 
             weights = full_state_dict(accelerator, self.model)  # all ranks: ZeRO-3 gathers the shards
             if accelerator.is_main_process:
-                extra = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
+                extra: dict[str, Any] = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
+                if config.mlp_hidden is not None and self.facts["model"] == "mlp":
+                    extra["mlp_hidden"] = config.mlp_hidden
                 save_exported(
                     weights, self.run_dir.dir, model_name=self.facts["model"], dataset=config.dataset, extra=extra
                 )
