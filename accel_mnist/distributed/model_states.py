@@ -5,7 +5,9 @@ processes, mixed-precision Adam holds 2 Psi bytes of 16-bit parameters, 2 Psi of
 gradients and K Psi = 12 Psi of fp32 master copy, momentum and variance; ZeRO-1 divides the
 optimizer states by N, ZeRO-2 the gradients too, ZeRO-3 the parameters too. Here the same
 count is made for the precision a strategy really keeps, together with what DeepSpeed 0.19
-does besides the paper, each measured (benchmarks/results/, distributed/memory.py):
+does besides the paper, each seen in fp32 on CPUs (benchmarks/results/cpu-memory-2026-12-01;
+the offload and FSDP accounting follows DeepSpeed's and torch's code and is checked by the gpu
+tests; docs/strategies.md#what-each-process-holds):
 
 * The fp32 master partition is a copy even when training in fp32 (the paper assumes fp16):
   ZeRO-1/2 clone it, and ZeRO-3's test for sharing the parameters' storage compares a
@@ -18,7 +20,7 @@ does besides the paper, each measured (benchmarks/results/, distributed/memory.p
   default) whole on every process.
 
 Communication buckets, activations and the allocator's slack are not model states: they are
-the peak's overhead above these numbers (docs/strategies.md#what-a-strategy-costs-in-memory).
+the peak's overhead above these numbers (README.md#what-a-strategy-costs-in-memory).
 Pure Python, no torch: `accel-mnist estimate` and a run's `predicted` both come from here.
 """
 
