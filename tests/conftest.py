@@ -43,8 +43,11 @@ def write_idx():
     return _write_idx
 
 
-# metrics.jsonl keys that measure time: left out wherever two runs' metrics are compared.
-TIMING_KEYS = frozenset({"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"})
+# metrics.jsonl keys that measure time (and the memory peak, which moves alike from run to run):
+# left out wherever two runs' metrics are compared.
+TIMING_KEYS = frozenset(
+    {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second", "peak_allocated_bytes"}
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "accelerate_configs"
