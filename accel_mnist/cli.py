@@ -110,7 +110,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # Modules that add their own subcommands through `register(subparsers)`.
-SUBCOMMAND_MODULES = ("export.predict", "report", "shipped")
+SUBCOMMAND_MODULES = ("export.predict", "report", "shipped", "distributed.estimate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from .data.catalog import DATASETS
 from .data.placement import DATA_LOADERS
 from .errors import ConfigError, one_line
-from .models import MODELS
+from .models import MODELS, check_mlp_hidden
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
@@ -31,6 +31,9 @@ class TrainConfig:
     """Everything a training run needs except the parallel strategy."""
 
     model: str = field(default="cnn", metadata={"help": "linear, mlp, cnn, lenet5 or bncnn"})
+    mlp_hidden: str | None = field(
+        default=None, metadata={"help": "mlp only: the hidden layers' widths, e.g. 4096,4096,4096 (none: 512,256)"}
+    )
     dataset: str = field(
         default="mnist", metadata={"help": "mnist, fashion_mnist, kmnist, or hf:NAME_OR_PATH (Hugging Face datasets)"}
     )
@@ -128,6 +131,8 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the first key whose value cannot work."""
         _choice("model", self.model, tuple(MODELS))
+        if self.mlp_hidden is not None:
+            check_mlp_hidden(self.model, self.mlp_hidden)
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
             _choice("dataset", self.dataset, (*DATASETS, "hf:NAME_OR_PATH"))
         _choice("optimizer", self.optimizer, OPTIMIZERS)

@@ -31,8 +31,11 @@ CONFIGS = REPO / "accelerate_configs"
 # GPU machine, where the checkout travels without ../shared).
 MNIST_DIR = Path(os.environ.get("ACCEL_MNIST_DATA_DIR") or REPO.parent / "shared" / "data" / "mnist")
 
-# metrics.jsonl keys that measure time: left out wherever two runs' metrics are compared.
-TIMING_KEYS = frozenset({"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"})
+# metrics.jsonl keys that measure time (and the memory peak, which moves alike from run to run):
+# left out wherever two runs' metrics are compared.
+TIMING_KEYS = frozenset(
+    {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second", "peak_allocated_bytes"}
+)
 
 
 def write_idx(path, array, *, gz: bool = False, code: int = 0x08, tail: bytes = b"", cut: int = 0) -> Path:

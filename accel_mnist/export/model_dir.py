@@ -196,8 +196,11 @@ def export_from_checkpoint(
     from ..models import MODELS
 
     if model_name in MODELS:  # fail now, not at load time, if the name does not fit the weights
-        _check_fits(MODELS[model_name](), weights, f"{ckpt}: the checkpoint's weights", model_name)
+        where = f"{ckpt}: the checkpoint's weights"
+        _check_fits(_registry_model(model_name, config, weights, where), weights, where, model_name)
     extra = {"step": state.get("step")}
+    if model_name == "mlp" and config.get("mlp_hidden") is not None:
+        extra["mlp_hidden"] = config["mlp_hidden"]
     for key in ("mean", "std"):  # a run on other data may record its own constants
         if key in state:
             extra[key] = state[key]
@@ -231,7 +234,6 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
                 f"{path / CONFIG_FILE}: model {name!r} is not in the registry ({', '.join(MODELS)}); "
                 "pass the module: load_model(path, model=...)"
             )
-        model = MODELS[name]()
     weights_file = path / WEIGHTS_FILE
     if not weights_file.is_file():
         raise UsageError(f"{weights_file}: missing (an export holds {WEIGHTS_FILE} and {CONFIG_FILE})")
@@ -241,6 +243,8 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
             f"{weights_file}: does not match the sha256 in {CONFIG_FILE} (changed, or an interrupted export)"
         )
     weights = read_safetensors(weights_file)
+    if model is None:
+        model = _registry_model(name, config, weights, f"{weights_file}: the weights")
     model = model.to("cpu")
     _check_fits(model, weights, f"{weights_file}: the weights", name)
     try:
@@ -248,6 +252,20 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
     except RuntimeError as e:
         raise UsageError(f"{weights_file}: does not fit model {name!r}: {one_line(e)}") from None
     return model.eval()
+
+
+def _registry_model(name: str, config: dict[str, Any], weights: dict[str, torch.Tensor], where: str) -> nn.Module:
+    """The registry's model `name`, an mlp with the config's `mlp_hidden` widths only where the
+    weights hold as many elements: a file's few bytes never make a model larger than its weights."""
+    from ..models import MLP, build_model, check_mlp_hidden, mlp_num_parameters
+
+    widths = config.get("mlp_hidden") if name == "mlp" else None
+    if widths is None:
+        return build_model(name)
+    hidden = check_mlp_hidden(name, widths)
+    if mlp_num_parameters(hidden) != sum(w.numel() for w in weights.values()):
+        raise UsageError(f"{where} do not fit model 'mlp' with mlp_hidden {widths}")
+    return MLP(hidden)
 
 
 def read_export_config(path: str | os.PathLike) -> dict[str, Any]:

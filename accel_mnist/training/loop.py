@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..data.catalog import load_datasets
 from ..distributed import consensus
+from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.step import MicroStep
 from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
 from ..errors import NonFiniteLossError
@@ -81,7 +82,7 @@ def start_run(
     with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
         train_set, test_set = load_datasets(config.dataset, config.data_dir, download=config.download)
     model_name = config.model if model is None else type(model).__name__
-    model = build_model(config.model) if model is None else model
+    model = build_model(config.model, config.mlp_hidden) if model is None else model
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
@@ -115,7 +116,9 @@ def start_run(
         rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
         per_process = len(train_set) // accelerator.num_processes
         facts["prewarm_seconds"] = prewarm(model, config, accelerator.device, per_process, rehearsals)
+    numels = trainable_numels(model)  # before prepare, which may shard the parameters
     model, optimizer, scheduler = prepare(accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume))
+    memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")
@@ -132,6 +135,7 @@ def start_run(
         Cadence.of(config, state.total_steps),
         steps_per_epoch,
         facts,
+        memory,
     )
 
 
@@ -151,6 +155,7 @@ class TrainingRun:
     cadence: Cadence
     steps_per_epoch: int
     facts: dict[str, Any]  # what results.json says about the setup
+    memory: MemoryWatch  # model states held and predicted, and the peaks: counted at evaluations
     metrics: dict[str, Any] = field(default_factory=dict)  # the last evaluation's row
     confusion_matrix: list[list[int]] = field(default_factory=list)
     last_checkpoint: Path | None = None
@@ -252,10 +257,12 @@ class TrainingRun:
     def evaluate(self) -> None:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
         accelerator, state = self.accelerator, self.state
+        self.memory.count(at_rest=True)  # between steps: before evaluating gathers ZeRO-3's parameters
         evaluation = evaluate(self.model, self.data.test, accelerator, self.input_dtype)
         self.confusion_matrix = evaluation.pop("confusion_matrix")
         loss_sum = accelerator.reduce(self.losses.total(), "sum").item()
         train_loss = loss_sum / max(state.loss_count * accelerator.num_processes, 1)
+        self.memory.gather()  # a collective: where the evaluation syncs anyway
         self.metrics = metrics_row(
             state,
             evaluation,
@@ -264,6 +271,7 @@ class TrainingRun:
             steps_per_epoch=self.steps_per_epoch,
             num_processes=accelerator.num_processes,
         )
+        self.metrics["peak_allocated_bytes"] = self.memory.largest_peak()
         self.run_dir.log_metrics(self.metrics)
         accelerator.log(self.metrics, step=state.step)
         if not self.config.quiet:
@@ -296,7 +304,9 @@ class TrainingRun:
 
             weights = full_state_dict(accelerator, self.model)  # all ranks: ZeRO-3 gathers the shards
             if accelerator.is_main_process:
-                extra = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
+                extra: dict[str, Any] = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
+                if config.mlp_hidden is not None and self.facts["model"] == "mlp":
+                    extra["mlp_hidden"] = config.mlp_hidden
                 save_exported(
                     weights, self.run_dir.dir, model_name=self.facts["model"], dataset=config.dataset, extra=extra
                 )
@@ -305,10 +315,11 @@ class TrainingRun:
             self.metrics,
             self.confusion_matrix,
             steps_per_epoch=self.steps_per_epoch,
-            facts=self.facts,
+            facts={**self.facts, "memory": self.memory.results()},
             wall_seconds=time.perf_counter() - start,
         )
         self.run_dir.write_results(results)
+        accelerator.print(self.memory.summary())  # the run's last line on stdout
         if config.plots and accelerator.is_main_process:
             from ..report import draw_in_background, write_report  # imports matplotlib only now
 

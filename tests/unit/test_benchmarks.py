@@ -22,9 +22,9 @@ def test_memory_candidates_point_at_existing_configs():
             assert json.loads(path.read_text())["zero_optimization"]["stage"] == int(name[4]), name
 
 
-def test_memory_paper_formulas():
-    psi, n = 1_000, 2
-    assert [memory.paper_model_states(psi, n, s) for s in range(4)] == [16_000, 10_000, 9_000, 8_000]
+def test_memory_predicts_with_the_library_accounting():
+    psi, n = 10**6, 2  # fp16 Adam: 16 Psi under DDP; ZeRO's fp32 gradient partition at the step
+    assert [memory.predicted_model_states([psi], n, s) for s in range(4)] == [16 * psi, 10 * psi, 10 * psi, 10 * psi]
 
 
 # -- python -m benchmarks: the suites' bookkeeping ---------------------------------------------
