@@ -1,8 +1,11 @@
 """Command line: `accel-mnist train [flags]`, also as `python -m accel_mnist` and under
 `accelerate launch -m accel_mnist`.
 
-Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug);
-a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint ends with exit code 75.
+Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug),
+a file the storage would not take with exit code 74; a run stopped by SIGTERM/SIGUSR1 after saving
+its checkpoint ends with exit code 75. In a launch of several processes, a message that every
+process has alike is printed by one process per machine (its local main process); the others
+exit with the same code in silence.
 """
 
 from __future__ import annotations
@@ -16,16 +19,23 @@ from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file
-from .errors import UsageError
+from .distributed.launcher import local_main_process
+from .errors import UsageError, on_every_rank
 from .training.preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
 
 
+def _say(line: str, every_rank: bool = True) -> None:
+    """Print `line` on stderr: where every process has it, from the local main process alone."""
+    if not every_rank or local_main_process():
+        print(line, file=sys.stderr)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse prints the whole usage first; one line that says what is wrong is kinder.
-        print(f"error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        _say(f"error: {message} (see '{self.prog} --help')")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -75,7 +85,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def _train(args: argparse.Namespace) -> int:
     from .training.loop import train  # torch and accelerate: not for `--help` or the other commands
 
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except UsageError as e:  # every process reads the same command line and files
+        raise on_every_rank(e) from None
     # Libraries stay at warnings (Accelerate logs every file it saves at info) unless debugging.
     level = config.log_level.upper()
     logging.basicConfig(
@@ -100,11 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except Preempted as e:
-        print(f"stopped: {e}", file=sys.stderr)
+        _say(f"error: {e}", e.every_rank)
+        return e.exit_code
+    except Preempted as e:  # raised by every rank together, after they agreed to stop
+        _say(f"stopped: {e}")
         return EXIT_PREEMPTED
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        _say("error: interrupted")
         return 130

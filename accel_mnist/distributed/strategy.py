@@ -24,6 +24,7 @@ from ..errors import UsageError
 from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .elastic import join_restarted_group
 from .launch_settings import check_launch, env_flag
+from .launcher import watch_launcher
 from .step import direct_steps
 from .strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy, fsdp_and_dynamo_fields, multi_process_device_available
 
@@ -38,6 +39,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     honour, and where the launch asks for a strategy that Accelerate would not set up (it would
     train another one without a word).
     """
+    watch_launcher()  # a worker whose launcher died exits rather than train on as an orphan
     launch = check_launch(config)
     grad_accum = launch.grad_accum
     use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")

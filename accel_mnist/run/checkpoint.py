@@ -20,8 +20,8 @@ from accelerate import Accelerator
 
 from ..distributed.consensus import agree
 from ..distributed.strategy_checks import REPLICATED
-from ..errors import UsageError, one_line
-from ..files import read_json_object, write_json_atomic
+from ..errors import StorageError, UsageError, on_every_rank, one_line
+from ..files import read_json_object, write_json_atomic, writing
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -78,19 +78,40 @@ def step_of(path: Path) -> int:
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainState, keep: int) -> Path:
-    """Save on all ranks (DeepSpeed shards are written by each), publish atomically, keep `keep`."""
+    """Save on all ranks (DeepSpeed shards are written by each), publish atomically, keep `keep`.
+
+    Where the storage refuses a write (full, quota, read-only...), every rank raises the same
+    StorageError, the partial checkpoint is removed and the previous ones stay as they were.
+    """
     root = checkpoint_dir(output_dir)
     final = root / f"step_{state.step}"
     tmp = root / f".tmp_step_{state.step}"
+    what = f"checkpoint step_{state.step}"
+    previous = list_checkpoints(output_dir)
+
+    def start() -> None:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            with writing(what, tmp):
+                tmp.mkdir(parents=True)
+
+    def write() -> None:
+        with writing(what, tmp):
+            accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:  # after every rank's files: the barrier is agree's gather
+            # Written last: a folder without it is incomplete even if someone renames it by hand.
+            write_json_atomic(tmp / STATE_FILE, asdict(state))
+
+    try:
+        agree(accelerator, start)
+        agree(accelerator, write)
+    except StorageError as e:
+        if accelerator.is_main_process:  # every rank has stopped writing into it
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = (f"{previous[-1].name} is kept, and once the storage takes writes again the same command with "
+                f"--resume-from auto continues from it") if previous else "there is no earlier checkpoint"  # fmt: skip
+        raise on_every_rank(StorageError(f"{e}; the partial checkpoint was removed; {kept}")) from e
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        # Written last: a folder without it is incomplete even if someone renames it by hand.
-        write_json_atomic(tmp / STATE_FILE, asdict(state))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

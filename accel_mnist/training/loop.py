@@ -24,7 +24,7 @@ from ..data.catalog import load_datasets
 from ..distributed import consensus
 from ..distributed.step import MicroStep
 from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
-from ..errors import NonFiniteLossError
+from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
 from ..models import build_model, num_parameters
 from ..run import checkpoint as ckpt
@@ -48,10 +48,13 @@ def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_backg
     CLI's choice, so that a command does not wait for matplotlib), by a process of their own.
     """
     start = time.perf_counter()
-    accelerator = build_accelerator(config)
     try:
-        with StopSignals() as stop:
-            run = start_run(accelerator, config, model, stop)
+        accelerator = build_accelerator(config)
+    except UsageError as e:  # from the launch's settings, which every process reads alike
+        raise on_every_rank(e) from None
+    try:
+        with StopSignals() as stop, RunDir(accelerator, config) as run_dir:
+            run = start_run(accelerator, config, model, stop, run_dir)
             if isinstance(run, dict):  # a finished run's results: nothing to train
                 return run
             run.fit()
@@ -62,13 +65,12 @@ def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_backg
 
 
 def start_run(
-    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, stop: StopSignals
+    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, stop: StopSignals, run_dir: RunDir
 ) -> TrainingRun | dict[str, Any]:
     """Check everything on every rank, then open the output directory and prepare the objects;
     a finished run's results instead where `output_dir` holds one."""
     strategy = strategy_fields(accelerator)
-    run_dir = RunDir(accelerator, config)
-    plan = run_dir.plan()  # agreed by every rank: what --resume-from means here
+    plan = run_dir.plan()  # locked, then agreed by every rank: what --resume-from means here
     if plan.finished is not None:
         accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
         return plan.finished
@@ -242,11 +244,11 @@ class TrainingRun:
         flags = torch.tensor([[self.losses.worst, int(self.stop.received is not None)]], device=self.accelerator.device)
         worst, signalled = self.accelerator.gather(flags).amax(0).tolist()
         self.stop.agreed = self.stop.agreed or bool(signalled)
-        if worst >= self.config.max_nonfinite:
-            raise NonFiniteLossError(
+        if worst >= self.config.max_nonfinite:  # gathered: every rank raises it
+            raise on_every_rank(NonFiniteLossError(
                 f"loss was not finite for {self.config.max_nonfinite} optimizer steps in a row (at step "
                 f"{self.state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(self.config.output_dir)}"
-            )
+            ))  # fmt: skip
 
     def evaluate(self) -> None:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
@@ -291,14 +293,10 @@ class TrainingRun:
         """Export the weights, write results.json (and the PNGs), release the prepared objects."""
         accelerator, config = self.accelerator, self.config
         if config.export:
-            from ..export.model_dir import full_state_dict, save_exported
+            from ..export.model_dir import export_prepared
 
-            weights = full_state_dict(accelerator, self.model)  # all ranks: ZeRO-3 gathers the shards
-            if accelerator.is_main_process:
-                extra = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
-                save_exported(
-                    weights, self.run_dir.dir, model_name=self.facts["model"], dataset=config.dataset, extra=extra
-                )
+            extra = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
+            export_prepared(accelerator, self.model, self.run_dir.dir, self.facts["model"], config.dataset, extra)
         results = results_record(
             self.state,
             self.metrics,
