@@ -22,6 +22,7 @@ from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitPr
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
+from .deepspeed_ops import align_cuda_arch_list
 from .elastic import join_restarted_group
 from .launch_settings import check_launch, env_flag
 from .launcher import watch_launcher
@@ -43,6 +44,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     launch = check_launch(config)
     grad_accum = launch.grad_accum
     use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
+    arch_note = align_cuda_arch_list(use_deepspeed)  # in every process, before DeepSpeed builds an op
     use_fsdp = env_flag("ACCELERATE_USE_FSDP")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # DeepSpeed calls torch collectives that torch has deprecated, and torch warns on every
@@ -85,7 +87,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UsageError("mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)")
     check_strategy(accelerator, use_fsdp=use_fsdp, world_size=world_size)
-    notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum)]
+    notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum), *([arch_note] if arch_note else [])]
     for note in notes:
         logger.warning(note)  # main process only: once per run
     return accelerator
