@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
@@ -26,17 +29,29 @@ from .training.preemption import EXIT_PREEMPTED, Preempted
 EXIT_USAGE = 2
 
 
-def _say(line: str, every_rank: bool = True) -> None:
-    """Print `line` on stderr: where every process has it, from the local main process alone."""
+# How long a process that leaves a shared line to its local main process waits before it exits:
+# under torchrun the first worker to exit makes the agent SIGTERM the others, which could end
+# the local main process before it has printed.
+QUIET_EXIT_SECONDS = 5.0
+
+
+def _finish(line: str, code: int, every_rank: bool = True) -> int:
+    """Print `line` on stderr and return `code`; where every process has the line, only the local
+    main process prints it, and the others return the same code after it has had time to."""
     if not every_rank or local_main_process():
         print(line, file=sys.stderr)
+        return code
+    if threading.current_thread() is threading.main_thread():
+        # The launcher ending the group, once the local main process has exited, ends this one alike.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(code))
+    time.sleep(QUIET_EXIT_SECONDS)
+    return code
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse prints the whole usage first; one line that says what is wrong is kinder.
-        _say(f"error: {message} (see '{self.prog} --help')")
-        raise SystemExit(EXIT_USAGE)
+        raise SystemExit(_finish(f"error: {message} (see '{self.prog} --help')", EXIT_USAGE))
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -113,11 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         if args.debug:
             raise
-        _say(f"error: {e}", e.every_rank)
-        return e.exit_code
+        return _finish(f"error: {e}", e.exit_code, e.every_rank)
     except Preempted as e:  # raised by every rank together, after they agreed to stop
-        _say(f"stopped: {e}")
-        return EXIT_PREEMPTED
+        return _finish(f"stopped: {e}", EXIT_PREEMPTED)
     except KeyboardInterrupt:
-        _say("error: interrupted")
-        return 130
+        return _finish("error: interrupted", 130)

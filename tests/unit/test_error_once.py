@@ -12,6 +12,7 @@ from accel_mnist.errors import EXIT_STORAGE, StorageError, UsageError, error_for
 
 @pytest.fixture(autouse=True)
 def no_launcher(monkeypatch):
+    monkeypatch.setattr(cli, "QUIET_EXIT_SECONDS", 0.0)  # what a quiet process leaves its local main to print
     for name in ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
 
