@@ -27,7 +27,13 @@ from .elastic import join_restarted_group
 from .launch_settings import check_launch, env_flag
 from .launcher import watch_launcher
 from .step import direct_steps
-from .strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy, fsdp_and_dynamo_fields, multi_process_device_available
+from .strategy_checks import (
+    FSDP_NEEDS_A_DEVICE,
+    check_strategy,
+    fsdp_and_dynamo_fields,
+    loads_universal,
+    multi_process_device_available,
+)
 
 logger = get_logger(__name__)
 
@@ -133,14 +139,19 @@ def prepare(
     total_steps: int,
     steps_per_epoch: int,
     resuming: bool = False,
+    saved_strategy: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Model, optimizer and schedule, built and prepared in the order the strategy needs.
 
     The loop gets the three prepared objects and never learns which strategy made them (a
     DeepSpeed JSON's own optimizer and schedule included: DeepSpeed steps those itself).
-    `resuming`: a checkpoint is loaded into them next, so whatever it must find is made here.
+    `resuming`: a checkpoint (saved under `saved_strategy`) is loaded into them next, so whatever
+    it must find is made here.
     """
     plugin = accelerator.state.deepspeed_plugin
+    if resuming and plugin is not None and loads_universal(accelerator, saved_strategy or {}):
+        # ZeRO shards of another number of processes: run/universal.py converts them.
+        plugin.deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
     if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
         # FSDP1 replaces the module's parameters (by flat ones, with use_orig_params false):
         # an optimizer built before the wrap would step tensors that no longer train, and

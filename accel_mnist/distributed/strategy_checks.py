@@ -98,3 +98,10 @@ def _offloads(policy: Any) -> bool:
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     return isinstance(policy, CPUOffloadPolicy)
+
+
+def loads_universal(accelerator: Accelerator, saved: dict[str, Any]) -> bool:
+    """Whether a checkpoint saved under strategy fields `saved` holds ZeRO shards of another
+    number of processes than this run has: DeepSpeed then loads it in its universal format,
+    which its engine must be configured for before it is built (`checkpoint.load_universal`)."""
+    return accelerator.state.deepspeed_plugin is not None and saved.get("num_processes", 1) != accelerator.num_processes

@@ -91,13 +91,14 @@ def start_run(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
+    saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
     if resume:
         saved, where, settings = state, resume, config.to_dict()
         consensus.agree(accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps))
         state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
     check_model(accelerator, model)
-    # Only now, with every check passed on every rank, is anything in the output directory touched.
+    # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     run_dir.open(plan)
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in state.config.items()}
@@ -116,7 +117,9 @@ def start_run(
         rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
         per_process = len(train_set) // accelerator.num_processes
         facts["prewarm_seconds"] = prewarm(model, config, accelerator.device, per_process, rehearsals)
-    model, optimizer, scheduler = prepare(accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume))
+    model, optimizer, scheduler = prepare(
+        accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume), saved_strategy
+    )
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")
