@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,7 +185,7 @@ class RunDir:
 
         agree(acc, clear)  # also the barrier: no rank writes before the directory is ready
 
-    def _on_main(self, write: Any) -> None:
+    def _on_main(self, write: Callable[[], object]) -> None:
         """`write()` on the main process; a StorageError there stops every rank alike."""
         agree(self.accelerator, lambda: write() if self.accelerator.is_main_process else None)
 
