@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError, one_line
-from ..files import fsync_file, json_bytes, read_json_object
+from ..files import fsync_file, json_bytes, read_json_object, writing
 from ..run.checkpoint import STATE_FILE
 from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
 
@@ -49,6 +49,18 @@ def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tenso
         options = StateDictOptions(full_state_dict=True, cpu_offload=accelerator.num_processes > 1)
         return _fp32_cpu(_strip_wrapper_prefixes(get_model_state_dict(model, options=options)))
     return _fp32_cpu(module.state_dict())
+
+
+def export_prepared(
+    accelerator: Any, model: nn.Module, out_dir: Path, model_name: str, dataset: str, extra: dict[str, Any]
+) -> None:
+    """Export a prepared model (call on every process): gathered where sharded, written by the
+    main process; a write the storage refuses there stops every process with the same error."""
+    from ..distributed.consensus import agree
+
+    weights = full_state_dict(accelerator, model)
+    write = lambda: save_exported(weights, out_dir, model_name=model_name, dataset=dataset, extra=extra)  # noqa: E731
+    agree(accelerator, lambda: write() if accelerator.is_main_process else None)
 
 
 def _unwrapped(accelerator: Any, model: nn.Module) -> nn.Module:
@@ -136,27 +148,25 @@ def save_exported(
     # rather than mkdtemp, whose mode 0700 the export would keep.
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.mkdir(parents=True)
-    except OSError as e:
-        raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
-    try:
-        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-        config = {
-            "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
-            "mean": spec.mean, "std": spec.std, "format_version": FORMAT_VERSION,
-            "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
-        }  # fmt: skip
-        (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
-        for name in (WEIGHTS_FILE, CONFIG_FILE):
-            fsync_file(tmp / name)
-        if out_dir.is_dir() and any(out_dir.iterdir()):
-            # Other files may share the directory (a run's results, say): replace only ours,
-            # the weights first, since the config is what vouches for them.
+        with writing("the export", out_dir):
+            tmp.mkdir(parents=True)
+            save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+            config = {
+                "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
+                "mean": spec.mean, "std": spec.std, "format_version": FORMAT_VERSION,
+                "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
+            }  # fmt: skip
+            (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
             for name in (WEIGHTS_FILE, CONFIG_FILE):
-                os.replace(tmp / name, out_dir / name)
-        else:
-            os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
-    except OSError as e:
+                fsync_file(tmp / name)
+            if out_dir.is_dir() and any(out_dir.iterdir()):
+                # Other files may share the directory (a run's results, say): replace only ours,
+                # the weights first, since the config is what vouches for them.
+                for name in (WEIGHTS_FILE, CONFIG_FILE):
+                    os.replace(tmp / name, out_dir / name)
+            else:
+                os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
+    except OSError as e:  # what the storage did not refuse: a path that is a file, say
         raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -25,7 +25,7 @@ from ..distributed import consensus
 from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.step import MicroStep
 from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
-from ..errors import NonFiniteLossError
+from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
 from ..models import build_model, num_parameters
 from ..run import checkpoint as ckpt
@@ -50,10 +50,13 @@ def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_backg
     CLI's choice, so that a command does not wait for matplotlib), by a process of their own.
     """
     start = time.perf_counter()
-    accelerator = build_accelerator(config, announce=True)
     try:
-        with StopSignals() as stop:
-            run = start_run(accelerator, config, model, stop)
+        accelerator = build_accelerator(config, announce=True)
+    except UsageError as e:  # from the launch's settings, which every process reads alike
+        raise on_every_rank(e) from None
+    try:
+        with StopSignals() as stop, RunDir(accelerator, config) as run_dir:
+            run = start_run(accelerator, config, model, stop, run_dir)
             if isinstance(run, dict):  # a finished run's results: nothing to train
                 return run
             run.fit()
@@ -64,13 +67,12 @@ def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_backg
 
 
 def start_run(
-    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, stop: StopSignals
+    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, stop: StopSignals, run_dir: RunDir
 ) -> TrainingRun | dict[str, Any]:
     """Check everything on every rank, then open the output directory and prepare the objects;
     a finished run's results instead where `output_dir` holds one."""
     strategy = strategy_fields(accelerator)
-    run_dir = RunDir(accelerator, config)
-    plan = run_dir.plan()  # agreed by every rank: what --resume-from means here
+    plan = run_dir.plan()  # locked, then agreed by every rank: what --resume-from means here
     if plan.finished is not None:
         accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
         return plan.finished
@@ -91,13 +93,14 @@ def start_run(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
+    saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
     if resume:
         saved, where, settings = state, resume, config.to_dict()
         consensus.agree(accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps))
         state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
     check_model(accelerator, model)
-    # Only now, with every check passed on every rank, is anything in the output directory touched.
+    # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     run_dir.open(plan)
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in state.config.items()}
@@ -117,7 +120,9 @@ def start_run(
         per_process = len(train_set) // accelerator.num_processes
         facts["prewarm_seconds"] = prewarm(model, config, accelerator.device, per_process, rehearsals)
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
-    model, optimizer, scheduler = prepare(accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume))
+    model, optimizer, scheduler = prepare(
+        accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume), saved_strategy
+    )
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
@@ -248,11 +253,11 @@ class TrainingRun:
         flags = torch.tensor([[self.losses.worst, int(self.stop.received is not None)]], device=self.accelerator.device)
         worst, signalled = self.accelerator.gather(flags).amax(0).tolist()
         self.stop.agreed = self.stop.agreed or bool(signalled)
-        if worst >= self.config.max_nonfinite:
-            raise NonFiniteLossError(
+        if worst >= self.config.max_nonfinite:  # gathered: every rank raises it
+            raise on_every_rank(NonFiniteLossError(
                 f"loss was not finite for {self.config.max_nonfinite} optimizer steps in a row (at step "
                 f"{self.state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(self.config.output_dir)}"
-            )
+            ))  # fmt: skip
 
     def evaluate(self) -> None:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
@@ -300,16 +305,12 @@ class TrainingRun:
         """Export the weights, write results.json (and the PNGs), release the prepared objects."""
         accelerator, config = self.accelerator, self.config
         if config.export:
-            from ..export.model_dir import full_state_dict, save_exported
+            from ..export.model_dir import export_prepared
 
-            weights = full_state_dict(accelerator, self.model)  # all ranks: ZeRO-3 gathers the shards
-            if accelerator.is_main_process:
-                extra: dict[str, Any] = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
-                if config.mlp_hidden is not None and self.facts["model"] == "mlp":
-                    extra["mlp_hidden"] = config.mlp_hidden
-                save_exported(
-                    weights, self.run_dir.dir, model_name=self.facts["model"], dataset=config.dataset, extra=extra
-                )
+            extra: dict[str, Any] = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
+            if config.mlp_hidden is not None and self.facts["model"] == "mlp":
+                extra["mlp_hidden"] = config.mlp_hidden
+            export_prepared(accelerator, self.model, self.run_dir.dir, self.facts["model"], config.dataset, extra)
         results = results_record(
             self.state,
             self.metrics,
