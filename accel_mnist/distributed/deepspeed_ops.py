@@ -1,14 +1,14 @@
 """TORCH_CUDA_ARCH_LIST for the ops DeepSpeed compiles while a run starts (FusedAdam for a
 JSON's own Adam, CPUAdam under optimizer offload, DeepCompile, and others).
 
-DeepSpeed builds such an op for the architectures TORCH_CUDA_ARCH_LIST names, and its op
-builder reads each entry as two integers: an architecture-specific entry such as `9.0a`
-(Hopper; PyTorch 2.11 accepts them) stops it with `ValueError: invalid literal for int() with
-base 10: '0a'` (seen on an H200 with DeepSpeed 0.19.8; DeepSpeed PR #8619, pytorch#144037).
-Where the variable is unset, it is set here, in every process and before DeepSpeed starts,
-to the visible GPUs' compute capabilities, and said once. Whether DeepSpeed can read a value
-is asked of DeepSpeed's own builder, the way it parses one when it builds, so that a DeepSpeed
-that learns the suffixes is no longer second-guessed.
+DeepSpeed builds such an op for the architectures TORCH_CUDA_ARCH_LIST names, and its op builder
+reads each entry as two integers: an architecture-specific entry such as `9.0a` (Hopper; PyTorch
+2.11 accepts them) stops it with `ValueError: invalid literal for int() with base 10: '0a'`
+(seen on an H200 with DeepSpeed 0.19.8; DeepSpeed PR #8619, pytorch#144037). Where the variable
+is unset, or holds a value the builder cannot read, it is set here, in every process and before
+DeepSpeed starts, to the visible GPUs' compute capabilities, and said once. Whether DeepSpeed
+can read a value is asked of DeepSpeed's own builder, the way it parses one when it builds, so
+that a DeepSpeed that learns the suffixes is no longer second-guessed.
 """
 
 from __future__ import annotations
@@ -50,27 +50,30 @@ def visible_capabilities() -> str:
 
 
 def align_cuda_arch_list(uses_deepspeed: bool) -> str | None:
-    """Set TORCH_CUDA_ARCH_LIST for DeepSpeed's op builds where it is unset; returns what to tell
-    the user (once), or None. A value the user set is kept, and reported if DeepSpeed cannot read it."""
+    """Make TORCH_CUDA_ARCH_LIST one DeepSpeed's op builder can read, in this process; returns what
+    to tell the user (once), or None where nothing was changed.
+
+    Unset, it is set to the visible GPUs' compute capabilities. Set to a value the builder cannot
+    read (the H200 machines' image exports `9.0a`), it is replaced the same way and the note names
+    both values: kept, it would stop the first op DeepSpeed compiles with a traceback mid-run.
+    """
     import torch
 
     if not uses_deepspeed or not torch.cuda.is_available():
         return None
     current = os.environ.get(VARIABLE, "").strip()
-    if current:
-        problem = deepspeed_arch_problem(current)
-        if problem is None:
-            return None
-        return (
-            f"{VARIABLE}={current} cannot be read by DeepSpeed's op builder ({problem}): an op DeepSpeed "
-            f"compiles (FusedAdam, CPUAdam, DeepCompile) will fail to build; {VARIABLE}={visible_capabilities()} "
-            "(the visible GPUs' compute capabilities) would not"
-        )
+    problem = deepspeed_arch_problem(current) if current else None
+    if current and problem is None:
+        return None
     wanted = visible_capabilities()
-    problem = deepspeed_arch_problem(wanted)
-    if problem is not None:  # a DeepSpeed that cannot read plain X.Y either: leave it to fail its own way
-        return f"{VARIABLE} is unset and DeepSpeed's op builder cannot read {wanted} either ({problem})"
+    if deepspeed_arch_problem(wanted) is not None:  # a DeepSpeed that cannot read plain X.Y either
+        return None
     os.environ[VARIABLE] = wanted
+    if current:
+        return (
+            f"{VARIABLE}={current} cannot be read by DeepSpeed's op builder ({problem}): set to {wanted} (the "
+            f"visible GPUs' compute capabilities) for this run; export {VARIABLE}={wanted} to make it yours"
+        )
     return (
         f"{VARIABLE} was unset: set to {wanted} (the visible GPUs' compute capabilities) for the ops "
         "DeepSpeed compiles, whose op builder stops at entries such as 9.0a"
