@@ -50,7 +50,11 @@ def own_datasets(
         raise UsageError("train_data and test_data go together: pass both splits")
     if (mean is None) != (std is None):
         raise UsageError("mean and std go together: pass both, or neither to take them from the training data")
+    if std is not None and not (isinstance(std, (int, float)) and isinstance(mean, (int, float)) and std > 0):
+        raise UsageError(f"mean and std must be numbers, std > 0; got mean={mean!r}, std={std!r}")
     hf = sys.modules.get("datasets")  # a datasets.Dataset means datasets is imported already
+    if hf is not None and isinstance(train_data, hf.DatasetDict):
+        raise UsageError("train_data is a DatasetDict: pass its splits, train_data=dd['train'], test_data=dd['test']")
     if hf is not None and isinstance(train_data, hf.Dataset) and isinstance(test_data, hf.Dataset):
         from .hf import hf_splits
 

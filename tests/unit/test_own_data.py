@@ -91,6 +91,9 @@ def test_mean_and_std_come_from_the_training_pixels_unless_given(data, tmp_path)
     with pytest.raises(UsageError) as e:
         train(config(tmp_path, "half"), train_data=train_set, test_data=test_set, mean=0.5)
     one_line(e, "mean and std go together")
+    with pytest.raises(UsageError) as e:
+        train(config(tmp_path, "zero"), train_data=train_set, test_data=test_set, mean=0.5, std=0.0)
+    one_line(e, "std > 0", "std=0.0")
 
 
 def test_classes_attribute_names_the_classes(data, tmp_path):
@@ -209,7 +212,14 @@ def test_what_is_not_a_pair_of_map_style_datasets_is_refused(tmp_path):
         ({"train_data": Items([GOOD])}, ["train_data and test_data go together"]),
         ({"train_data": Stream(), "test_data": Items([GOOD])}, ["train_data: a Stream", "map-style"]),
         ({"train_data": [GOOD], "test_data": (item for item in [GOOD])}, ["test_data: a generator", "map-style"]),
+        ({"train_data": _dataset_dict(), "test_data": Items([GOOD])}, ["a DatasetDict", "train_data=dd['train']"]),
     ]:
         with pytest.raises(UsageError) as e:
             train(config(tmp_path, "run"), **kwargs)
         one_line(e, *needles)
+
+
+def _dataset_dict():
+    from datasets import Dataset, DatasetDict
+
+    return DatasetDict(train=Dataset.from_dict({"x": [1]}))
