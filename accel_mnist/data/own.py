@@ -73,16 +73,18 @@ def own_datasets(
     itemsize = 1 if kind == "uint8" else 4
     nbytes = (len(train_data) + len(test_data)) * int(np.prod(shape)) * itemsize * max(local_processes, 1)
     keep = data_loader != "torch" and copy_fits("cpu", nbytes)
-    train_x, train_y = _read(train_data, "train_data", shape, kind, keep, num_workers)
+    # Not kept, the pixels are counted as they pass (kept, from the tensor: in bigger batches).
+    stats = PixelStats() if mean is None and not keep else None
+    train_x, train_y = _read(train_data, "train_data", shape, kind, keep, num_workers, stats)
     test_x, test_y = _read(test_data, "test_data", shape, kind, keep, num_workers)
     names = _names(train_data)
     if keep:
         assert train_x is not None and test_x is not None
         return _pair(train_x, train_y, test_x, test_y, names, mean, std)
     num_classes = _num_classes(train_y, test_y, names)
-    if mean is None:
-        mean, std = _stats_by_item(train_data, shape, kind, num_workers)
-    assert std is not None
+    if stats is not None:
+        mean, std = stats.mean_std()
+    assert mean is not None and std is not None
     common: dict[str, Any] = {
         "mean": mean,
         "std": std,
@@ -194,9 +196,10 @@ def _items(dataset: Any, num_workers: int) -> Any:
 
 
 def _read(
-    dataset: Any, where: str, shape: tuple[int, ...], kind: str, keep: bool, num_workers: int
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Every item's label, checked, and (with `keep`) the images in one tensor."""
+    dataset: Any, where: str, shape: tuple[int, ...], kind: str, keep: bool, num_workers: int,
+    stats: PixelStats | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
+    """Every item's label, checked, and (with `keep`) the images in one tensor; `stats` counts the pixels."""
     n = len(dataset)
     images = torch.empty((n, *shape), dtype=torch.uint8 if kind == "uint8" else torch.float32) if keep else None
     labels = torch.empty(n, dtype=torch.int64)
@@ -206,17 +209,12 @@ def _read(
         image = _pixels(image, where, index, shape, kind)
         if images is not None:
             images[index] = image
+        if stats is not None:
+            stats.add(image)
         count += 1
     if count != n:
         raise DataError(f"{where}: len() says {n} items but {count} came")
     return images, labels
-
-
-def _stats_by_item(dataset: Any, shape: tuple[int, ...], kind: str, num_workers: int) -> tuple[float, float]:
-    stats = PixelStats()
-    for index, item in enumerate(_items(dataset, num_workers)):
-        stats.add(_pixels(_item(item, "train_data", index)[0], "train_data", index, shape, kind))
-    return stats.mean_std()
 
 
 class ItemDataset(Dataset):
