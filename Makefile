@@ -11,12 +11,17 @@ ACCELERATE_CONFIG ?=
 TRAIN_ARGS ?= --model cnn --epochs 1 --output-dir outputs/cnn --overwrite
 PYTEST_ARGS ?=
 
-.PHONY: train test test-floors lint clean
+.PHONY: train test test-fast test-floors lint clean
 train: $(VENV)/.installed
 	$(BIN)/accelerate launch $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) -m accel_mnist train $(TRAIN_ARGS)
 
+# Every tier: tests/unit, tests/e2e, tests/launch and tests/gpu (skipped without a GPU).
 test: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The unit tier alone: in process, on synthetic data, seconds.
+test-fast: $(VENV)/.installed
+	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
 # Lint, formatting and types; the settings are in pyproject.toml ([tool.ruff], [tool.mypy]).
 lint: $(VENV)/.installed
@@ -30,10 +35,10 @@ $(VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 # The floor job: every dependency at its pyproject.toml lower bound (.ci/floors.py pins them; needs
-# Python >= 3.11 for tomllib) in a venv of its own, and the end-to-end tests that exercise them.
+# Python >= 3.11 for tomllib) in a venv of its own, and the tests that exercise them.
 FLOOR_VENV ?= .venv-floors
-FLOOR_TESTS ?= tests/test_packaging.py tests/test_hf_data.py::test_array_columns_are_found_by_type \
-	tests/test_predict.py::test_sixteen_bit_picture
+FLOOR_TESTS ?= tests/unit/test_packaging.py tests/e2e/test_packaging.py tests/launch/test_packaging.py \
+	tests/unit/test_hf_data.py::test_array_columns_are_found_by_type tests/unit/test_predict.py::test_sixteen_bit_picture
 test-floors: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/pytest $(PYTEST_ARGS) -k "not wheel" $(FLOOR_TESTS)
 

@@ -1,5 +1,5 @@
-"""Command line: `accel-mnist train [flags]`, also as `python -m accel_mnist` and under
-`accelerate launch -m accel_mnist`.
+"""Command line: `accel-mnist train [flags]`, also as `python -m accel_mnist`, under
+`accelerate launch -m accel_mnist`, `torchrun -m accel_mnist` and `deepspeed --module accel_mnist`.
 
 Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug);
 a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint ends with exit code 75.
@@ -31,29 +31,45 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+# Other spellings of a field's flag: DeepSpeed's scripts and `deepspeed.add_config_arguments` say
+# --deepspeed_config, and a command line written for them should run unchanged.
+_ALIASES = {"deepspeed_config": ("--deepspeed_config",)}
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, so that the CLI can never drift from the config."""
     hints = get_type_hints(TrainConfig)
     group = parser.add_argument_group("training config (flags override --config)")
     for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, ())]
         default = None if f.default is MISSING else f.default
         help_text = f"{f.metadata.get('help', '')} (default: {default})"
         if hints[f.name] is bool:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+            group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)  # fmt: skip
         else:
-            group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
+            group.add_argument(*flags, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
                                help=help_text)  # fmt: skip
+
+
+def _add_launcher_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    """--local_rank, which DeepSpeed's launcher passes to every process: it puts it before the
+    subcommand, torch's older launcher after the script's other arguments."""
+    parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=default,
+                        help="set by DeepSpeed's launcher; must equal $LOCAL_RANK")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `accel-mnist` parser: `train` plus the subcommands other modules register."""
     parser = _Parser(prog="accel-mnist", description="Train MNIST-class models with Accelerate and DeepSpeed.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    _add_launcher_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train and evaluate a model")
     train.add_argument("--config", help="YAML or JSON file of training-config keys")
+    train.add_argument("--deepspeed", action="store_true",
+                       help="DeepSpeed's switch: train under DeepSpeed (needs --deepspeed_config)")  # fmt: skip
+    _add_launcher_flags(train, default=argparse.SUPPRESS)
     _add_config_flags(train)
     train.set_defaults(handler=_train)
     for module in SUBCOMMAND_MODULES:
@@ -75,9 +91,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .distributed.launchers import check_local_rank
     from .training.loop import train  # torch and accelerate: not for `--help` or the other commands
 
+    check_local_rank(args.local_rank)
     config = config_from_args(args)
+    if args.deepspeed and config.deepspeed_config is None:
+        raise UsageError("--deepspeed needs --deepspeed_config ds_config.json (ZeRO stage, precision and offload)")
     # Libraries stay at warnings (Accelerate logs every file it saves at info) unless debugging.
     level = config.log_level.upper()
     logging.basicConfig(
@@ -90,7 +110,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # Modules that add their own subcommands through `register(subparsers)`.
-SUBCOMMAND_MODULES = ("export.predict", "report", "shipped")
+SUBCOMMAND_MODULES = ("export.predict", "report", "shipped", "distributed.estimate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

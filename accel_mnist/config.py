@@ -1,7 +1,9 @@
 """The one typed training config: defaults, validation, and loading from files and flags.
 
 The parallel strategy (DDP, ZeRO stage, offload, mixed precision) is deliberately absent:
-it comes only from the accelerate config, so the same TrainConfig runs everywhere.
+it comes from the accelerate config, or from the DeepSpeed JSON that `deepspeed_config` names
+(the one way to ask for DeepSpeed under DeepSpeed's own launcher, torchrun, `python -m` or a
+notebook), so the same TrainConfig runs everywhere.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from .data.catalog import DATASETS
 from .data.placement import DATA_LOADERS
 from .errors import ConfigError, one_line
-from .models import MODELS
+from .models import MODELS, check_mlp_hidden
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
@@ -29,6 +31,9 @@ class TrainConfig:
     """Everything a training run needs except the parallel strategy."""
 
     model: str = field(default="cnn", metadata={"help": "linear, mlp, cnn, lenet5 or bncnn"})
+    mlp_hidden: str | None = field(
+        default=None, metadata={"help": "mlp only: the hidden layers' widths, e.g. 4096,4096,4096 (none: 512,256)"}
+    )
     dataset: str = field(
         default="mnist", metadata={"help": "mnist, fashion_mnist, kmnist, or hf:NAME_OR_PATH (Hugging Face datasets)"}
     )
@@ -56,6 +61,13 @@ class TrainConfig:
     )
     max_grad_norm: float | None = field(
         default=None, metadata={"help": "clip gradients to this norm (none: no clipping)"}
+    )
+    deepspeed_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "a DeepSpeed JSON (ds_config.json): train under DeepSpeed with its ZeRO stage, precision and "
+            "offload, whatever the launcher (also spelt --deepspeed_config, as DeepSpeed's own scripts do)"
+        },
     )
     seed: int = field(default=42, metadata={"help": "seed for weights and data order"})
     stop_at_accuracy: float | None = field(
@@ -119,6 +131,8 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the first key whose value cannot work."""
         _choice("model", self.model, tuple(MODELS))
+        if self.mlp_hidden is not None:
+            check_mlp_hidden(self.model, self.mlp_hidden)
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
             _choice("dataset", self.dataset, (*DATASETS, "hf:NAME_OR_PATH"))
         _choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -149,6 +163,8 @@ class TrainConfig:
             raise ConfigError(f"stop_at_accuracy: must be in (0, 1], got {self.stop_at_accuracy}")
         if not self.output_dir:
             raise ConfigError("output_dir: must not be empty")
+        if self.deepspeed_config is not None and not self.deepspeed_config.strip():
+            raise ConfigError("deepspeed_config: must not be empty (null for no DeepSpeed JSON)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, as saved in config.json and checkpoints."""

@@ -117,12 +117,30 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def build_model(name: str, num_classes: int = 10) -> nn.Module:
-    """A freshly initialised model from the registry, with `num_classes` logits."""
-    try:
-        return MODELS[name](num_classes=num_classes)
-    except KeyError:
-        raise ConfigError(f"model: '{name}' is not one of {', '.join(MODELS)}") from None
+def build_model(name: str, mlp_hidden: str | None = None, num_classes: int = 10) -> nn.Module:
+    """A freshly initialised model from the registry, with `num_classes` logits; `mlp_hidden`
+    ("4096,4096") sets the mlp's widths."""
+    if name not in MODELS:
+        raise ConfigError(f"model: '{name}' is not one of {', '.join(MODELS)}")
+    if mlp_hidden is not None:
+        return MLP(check_mlp_hidden(name, mlp_hidden), num_classes=num_classes)
+    return MODELS[name](num_classes=num_classes)
+
+
+def check_mlp_hidden(model: str, text: str) -> tuple[int, ...]:
+    """The widths of `mlp_hidden` ("4096,4096,4096"); ConfigError unless positive integers for the mlp."""
+    if model != "mlp":
+        raise ConfigError(f"mlp_hidden: only the mlp has hidden widths to set (model is {model})")
+    parts = [part.strip() for part in str(text).split(",")]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ConfigError(f"mlp_hidden: expected positive integers separated by commas (e.g. 4096,4096), got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def mlp_num_parameters(hidden: tuple[int, ...], num_classes: int = 10) -> int:
+    """Parameters of MLP(hidden, num_classes=num_classes), from its widths alone (no weights are made)."""
+    widths = (28 * 28, *hidden, num_classes)
+    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:], strict=True))
 
 
 def num_parameters(model: nn.Module) -> int:

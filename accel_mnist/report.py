@@ -24,6 +24,7 @@ from typing import Any
 from .errors import UsageError
 from .files import read_json_object, write_atomic
 from .run.outputs import METRICS_FILE, RESULTS_FILE
+from .tables import text_table
 
 __all__ = [
     "CURVES_FILE", "CONFUSION_FILE", "load_run", "plot_confusion_matrix", "plot_training_curves",
@@ -229,15 +230,7 @@ def summarize(run_dirs: Sequence[str | os.PathLike]) -> str:
             _fmt(last.get("samples_per_second"), ".0f"), _fmt(last.get("test_accuracy"), ".4f"),
             _fmt(last.get("test_loss"), ".4f"),
         ))  # fmt: skip
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = []
-    for k, row in enumerate(table):
-        # Text columns left-aligned, numbers right-aligned.
-        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(table, left=2)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -249,7 +242,14 @@ def _report(args: argparse.Namespace) -> int:
         written += write_report(d)
     if args.output or len(dirs) > 1:
         written.append(plot_training_curves(dirs, args.output or COMPARISON_FILE))
+    from .report_memory import memory_table, write_memory_charts
+
+    results = [load_run(d)[1] for d in dirs]
+    labels = _labels(dirs, results)
+    written += write_memory_charts(dirs, labels, results)
     print(summarize(dirs))
+    if table := memory_table(labels, results):
+        print(table)
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -19,9 +19,11 @@ Model: 784 -> H -> (H -> H) x L -> 10 with ReLU, default H=20480, L=3: 1.275B pa
 fp16 (DDP: autocast + GradScaler over fp32 weights; DeepSpeed: fp16 weights + fp32 master
 copy), torch.optim.Adam, batch 8 of random inputs, --steps optimizer steps. Reported per
 rank: torch.cuda.max_memory_allocated over the steps (peak stats reset after prepare) and
-memory_allocated after them, next to the paper's model-state bytes for Psi parameters on N
-GPUs with K=12 (Adam, mixed precision): DDP 16Psi, ZeRO-1 4Psi+12Psi/N, ZeRO-2 2Psi+14Psi/N,
-ZeRO-3 16Psi/N. Activations, buffers (DeepSpeed's bucket sizes) and fragmentation come on top.
+memory_allocated after them, next to the model-state bytes that accel_mnist predicts for them
+(accel_mnist/distributed/model_states.py: the ZeRO paper's accounting with DeepSpeed's own
+copies). Activations, buffers (DeepSpeed's bucket sizes) and fragmentation come on top. The
+memory suites (`python -m benchmarks memory_cpu|memory_h200`, benchmarks/memory_suite.py)
+measure accel_mnist's own runs instead.
 
 Imports without a GPU; on a machine without CUDA it prints why and exits 0.
 """
@@ -62,15 +64,12 @@ LAUNCH = {  # --launch name -> (accelerate config, extra launch args, extra args
 }
 
 
-def paper_model_states(psi: int, n: int, stage: int) -> float:
-    """ZeRO paper (Rajbhandari et al. 2020, sec. 5) model-state bytes per GPU, Adam + fp16 (K=12)."""
-    if stage == 0:
-        return 16 * psi
-    if stage == 1:
-        return 4 * psi + 12 * psi / n
-    if stage == 2:
-        return 2 * psi + 14 * psi / n
-    return 16 * psi / n
+def predicted_model_states(numels: list[int], n: int, stage: int, mixed_precision: str = "fp16") -> int:
+    """Model-state bytes per GPU, Adam, as accel_mnist predicts them (and `accel-mnist estimate` prints)."""
+    from accel_mnist.distributed.model_states import Setup, predict
+
+    family = "deepspeed" if stage else "replicated"
+    return sum(predict(numels, Setup(family, n, stage, mixed_precision)).values())
 
 
 def mlp_parameters(hidden: int, layers: int) -> int:
@@ -108,7 +107,8 @@ def measure(args) -> int:
     # Built on the GPU (a 1.3B-parameter init on the CPU takes long); the peak is reset after prepare.
     with torch.device(accelerator.device):
         model = build_mlp(args.hidden, args.layers)
-    psi = sum(p.numel() for p in model.parameters())
+    numels = [p.numel() for p in model.parameters()]
+    psi = sum(numels)
     # fused: one kernel and no temporaries; the default (foreach) makes a full-size sqrt(v) temporary.
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True if args.fused_adam else None)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -146,14 +146,16 @@ def measure(args) -> int:
                        **strategy},
             "peak_gib_per_rank": peaks, "peak_gib_max": max(peaks),
             "allocated_gib_per_rank": allocated, "allocated_gib_max": max(allocated),
-            "paper_model_states_gib": round(paper_model_states(psi, n, stage) / GIB, 3),
+            "predicted_model_states_gib": round(
+                predicted_model_states(numels, n, stage, accelerator.mixed_precision) / GIB, 3
+            ),
             "seconds_per_step": seconds, "final_loss": loss.item(),
         }  # fmt: skip
         benchlib.save_record("memory", f"{name}-n{n}", record, args.out)
         print(
             f"{name} x{n}: {psi / 1e9:.3f}B params; peak per GPU {max(peaks):.2f} GiB "
-            f"(allocated after steps {max(allocated):.2f} GiB); paper model states "
-            f"{record['paper_model_states_gib']:.2f} GiB"
+            f"(allocated after steps {max(allocated):.2f} GiB); predicted model states "
+            f"{record['predicted_model_states_gib']:.2f} GiB"
         )
     accelerator.wait_for_everyone()
     model, optimizer = accelerator.free_memory(model, optimizer)  # see loop.py: gloo exit abort

@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks import memory_suite
+
 
 def _stats(values: list[float]) -> str:
     if not values:
@@ -47,6 +49,8 @@ def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         return text
     if row["name"].endswith("timeline"):
         return _median_phases(runs)
+    if row["parse"] == "memory" and ok:
+        return memory_suite.numbers(ok[-1]["parsed"])
     if row["parse"] == "json_line" and ok:
         parsed = ok[-1]["parsed"]
         numbers = {k: v for k, v in parsed.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -102,6 +106,7 @@ def readme(record: dict[str, Any]) -> str:
             numbers = key_numbers(row, runs).replace("|", "\\|")
             lines.append(f"| {row['name']} | {row['what']} | {len(walls)}/{len(runs)} | {_stats(walls)} | "
                          f"{numbers} | `{command}` |")  # fmt: skip
+    lines += memory_suite.readme_section(record)
     if any(row["parse"] == "curve" for row in record["rows"]):
         lines += ["", "Curves (test accuracy against training seconds, every run): `time_to_accuracy.png`."]
     return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 
     python -m benchmarks cpu  [--out DIR] [--budget SECONDS] [--dry-run] [--group step ...]
     python -m benchmarks h200 --recipe recipes/fast99.yaml --out DIR
+    python -m benchmarks memory_cpu | memory_h200 | memory_h200x2 --out DIR
 
 Every run is a fresh process. DIR (default benchmarks/results/<hardware>-<UTC date>) gets
 `suite.json`, the one results format (every run: command, environment, return code, wall
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import benchlib
+from benchmarks import benchlib, memory_suite
 from benchmarks.suites import SUITES, Row
 
 TAIL = 2000  # characters of stdout/stderr kept per run
@@ -104,7 +105,8 @@ def saved_records(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-PARSERS = {"wall": lambda *_: {}, "json_line": parse_json_line, "results": parse_results, "curve": parse_curve}
+PARSERS = {"wall": lambda *_: {}, "json_line": parse_json_line, "results": parse_results, "curve": parse_curve,
+           "memory": memory_suite.parse_memory}  # fmt: skip
 
 
 def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, timeout: float,
@@ -146,11 +148,13 @@ def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, time
 def skip_reason(row: Row, suite: dict[str, Any], recipe: str | None) -> str | None:
     """Why the row cannot run here (None: it can)."""
     needs = {suite.get("needs"), row.get("needs")}
-    if "cuda" in needs:
+    if needs & {"cuda", "cuda2"}:
         import torch
 
         if not torch.cuda.is_available():
             return "needs a CUDA GPU"
+        if "cuda2" in needs and torch.cuda.device_count() < 2:
+            return "needs 2 CUDA GPUs"
     if "recipe" in needs and not recipe:
         return "needs --recipe"
     return None

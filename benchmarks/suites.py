@@ -125,6 +125,59 @@ H200: list[Row] = [
      "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *ONE_STEP], "parse": "wall", "repeat": 1, "budget": 30},
 ]  # fmt: skip
 
+# The memory suites (benchmarks/memory_suite.py reads them): one `accel-mnist train` launch per
+# strategy, fp32 on the CPU's 2 cores (2 processes over gloo, and 1), the launch's precision on a GPU.
+MEMORY_TRAIN = ["-m", "accel_mnist", "train", "--data-loader", "device", "--no-export", "--no-save-checkpoints",
+                "--no-plots", "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet"]  # fmt: skip
+MLP = ["--model", "mlp", "--batch-size", "64", "--mlp-hidden"]
+CPU_WIDE = [*MLP, "2048,2048,2048", "--max-steps", "20"]
+CLIENT_MLP = [*MLP, ",".join(["4096"] * 8), "--max-steps", "30"]  # 121M parameters: a client's model
+LINEAR = ["--model", "linear", "--batch-size", "64"]
+CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+
+
+def _launch(config: str, processes: int, *extra: str) -> list[str]:
+    return ["{accelerate}", "launch", "--config_file", f"accelerate_configs/{config}.yaml", "--num_processes",
+            str(processes), "--main_process_port", "0", *extra]  # fmt: skip
+
+
+def _memory_row(name: str, what: str, launch: list[str], model: list[str], **more: Any) -> Row:
+    return {"name": name, "group": "memory", "what": what, "cmd": [*launch, *MEMORY_TRAIN, *model],
+            "parse": "memory", "repeat": 1, **more}  # fmt: skip
+
+
+FP32 = ("--mixed_precision", "no")
+MEMORY_CPU: list[Row] = [
+    _memory_row("floor_2", "the process floor: linear (7850 parameters), DDP, 2 processes",
+                _launch("multi_cpu", 2), [*LINEAR, "--max-steps", "20"], env=CPU_ENV),
+    *[_memory_row(f"{name}_{n}", f"mlp 2048x3 (10.0M parameters), {label}, fp32, {n} process(es)",
+                  _launch(config, n, *FP32), CPU_WIDE, env=CPU_ENV)
+      for n in (1, 2)
+      for name, config, label in (("ddp", "multi_cpu", "DDP"), ("zero1", "zero1", "ZeRO-1"),
+                                  ("zero2", "zero2", "ZeRO-2"), ("zero3", "zero3", "ZeRO-3"))],
+    _memory_row("zero2_small_buckets_2", "the same under ZeRO-2 with DeepSpeed's buckets cut to 5e7 elements "
+                "(benchmarks/configs/zero2_small_buckets.json)",
+                _launch("zero_file", 2, "--deepspeed_config_file", "benchmarks/configs/zero2_small_buckets.json"),
+                CPU_WIDE, env=CPU_ENV),
+]  # fmt: skip
+MEMORY_H200: list[Row] = [
+    _memory_row("floor", "linear (7850 parameters), single_gpu.yaml (bf16): data and CUDA context alone",
+                _launch("single_gpu", 1), [*LINEAR, "--max-steps", "30"], budget=45),
+    *[_memory_row(name, f"the client's mlp 4096x8 (121M parameters), batch 64, 30 steps, {config}.yaml, 1 GPU",
+                  _launch(config, 1), CLIENT_MLP, budget=budget)
+      for name, config, budget in (("single_gpu", "single_gpu", 50), ("ddp", "multi_gpu", 50), ("zero1", "zero1", 60),
+                                   ("zero2", "zero2", 60), ("zero3", "zero3", 60),
+                                   ("zero3_offload", "zero3_offload", 90))],
+    _memory_row("recipe_1b", "recipes/zero3_offload_1b.yaml: mlp 16384x5 (1.09B parameters) under "
+                "zero3_offload.yaml, 1 GPU", _launch("zero3_offload", 1),
+                ["--config", "recipes/zero3_offload_1b.yaml"], budget=150),
+]  # fmt: skip
+MEMORY_H200X2: list[Row] = [
+    _memory_row(f"{name}_2", f"the client's mlp 4096x8, {config}.yaml, 2 GPUs", _launch(config, 2), CLIENT_MLP,
+                needs="cuda2", budget=90)
+    for name, config in (("ddp", "multi_gpu"), ("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "zero3"))
+]  # fmt: skip
+
 SUITES: dict[str, dict[str, Any]] = {
     "cpu": {
         "rows": CPU,
@@ -146,4 +199,7 @@ SUITES: dict[str, dict[str, Any]] = {
             "seed_script",
         ],
     },
+    "memory_cpu": {"rows": MEMORY_CPU, "plot": None},
+    "memory_h200": {"rows": MEMORY_H200, "needs": "cuda", "plot": None},
+    "memory_h200x2": {"rows": MEMORY_H200X2, "needs": "cuda", "plot": None},
 }

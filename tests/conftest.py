@@ -1,71 +1,66 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and hooks (helpers that are not fixtures live in tests/helpers.py).
+
+The tests live in tiers, one folder each, and each test gets its folder's marker:
+unit (in-process, no real data), e2e (one process end to end: the CLI in a subprocess,
+train() runs), launch (several processes: `accelerate launch`, torchrun, killed runs) and
+gpu (needs a CUDA GPU; skipped without one).
+"""
 
 from __future__ import annotations
 
-import gzip
-import os
-import struct
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-# The real MNIST files beside the checkout; ACCEL_MNIST_DATA_DIR where they lie elsewhere (the
-# GPU machine, where the checkout travels without ../shared).
-MNIST_DIR = Path(
-    os.environ.get("ACCEL_MNIST_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
-)
+from tests import helpers
+
+TIERS = ("unit", "e2e", "launch", "gpu")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = None
+    for item in items:
+        try:
+            tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a test file outside tests/
+            continue
+        if tier not in TIERS:
+            continue
+        item.add_marker(tier)
+        if tier == "gpu":
+            if cuda is None:
+                import torch
+
+                cuda = torch.cuda.is_available()
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
 @pytest.fixture
 def mnist_dir() -> Path:
     """The real MNIST IDX files (../shared/data/mnist from the repo root); skips when absent."""
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
-    return MNIST_DIR
+    if not (helpers.MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"real MNIST files not found at {helpers.MNIST_DIR}")
+    return helpers.MNIST_DIR
 
 
-def _write_idx(path, array, *, gz: bool = False, code: int = 0x08, tail: bytes = b"", cut: int = 0):
-    """Write `array` as an IDX file (big-endian); `tail` appends bytes, `cut` drops trailing ones."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    array = np.asarray(array)
-    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    payload = header + array.astype(array.dtype.newbyteorder(">")).tobytes() + tail
-    payload = payload[: len(payload) - cut]
-    path.write_bytes(gzip.compress(payload) if gz else payload)
-    return path
+@pytest.fixture(scope="session")
+def synthetic_mnist_files(tmp_path_factory) -> Path:
+    """The folder of synthetic MNIST IDX files (helpers.SYNTHETIC_TRAIN / SYNTHETIC_TEST images,
+    written once a session). Reading them as `mnist` needs helpers.synthetic_counts()."""
+    return helpers.write_synthetic_mnist(tmp_path_factory.mktemp("synthetic_mnist"))
+
+
+@pytest.fixture
+def synthetic_mnist(synthetic_mnist_files) -> Iterator[Path]:
+    """The synthetic MNIST folder, read as `mnist` during the test (its record counts expected)."""
+    with helpers.synthetic_counts():
+        yield synthetic_mnist_files
 
 
 @pytest.fixture
 def write_idx():
     """Returns write_idx(path, array, *, gz=False, code=0x08, tail=b"", cut=0) -> Path."""
-    return _write_idx
-
-
-# metrics.jsonl keys that measure time: left out wherever two runs' metrics are compared.
-TIMING_KEYS = frozenset({"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second"})
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "accelerate_configs"
-
-
-def accelerate_launch(launch_args, train_args, output_dir, *, env=None, timeout=600):
-    """Run `accelerate launch <launch_args> -m accel_mnist train <train_args>` in a subprocess.
-
-    Returns (CompletedProcess, results dict or None). On CPU the DeepSpeed configs need
-    `--mixed_precision no` among launch_args (fp16 does not run on CPU).
-    """
-    import json
-    import os
-    import subprocess
-    import sys
-
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", *launch_args, "-m", "accel_mnist", "train",
-           *train_args, "--output-dir", str(output_dir), "--quiet"]  # fmt: skip
-    full_env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
-    results_file = Path(output_dir) / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.exists() else None
-    return proc, results
+    return helpers.write_idx

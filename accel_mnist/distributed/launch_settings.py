@@ -19,11 +19,15 @@ from typing import Any
 
 from ..config import TrainConfig, parse_bool
 from ..errors import ConfigError, UsageError
-from ..files import read_json_object
 from ..optim import check_deepspeed_optim
+from .launchers import MPI_SIZE_VARS, DeepSpeedJson, deepspeed_json, env_flag
 
-_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
 _FP8_BACKENDS = ("torchao", "transformer_engine", "msamp")
+# Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.
+DEEPSPEED_WITH_CPU = (
+    "DeepSpeed was requested together with --cpu/use_cpu, and Accelerate would silently drop "
+    "DeepSpeed; leave out --cpu (DeepSpeed runs on CPU when no GPU is present)"
+)
 
 
 @dataclass
@@ -31,12 +35,10 @@ class LaunchSettings:
     """The launcher's settings that matter to the loop, and what to tell the user about them."""
 
     grad_accum: int
+    use_deepspeed: bool = False
+    # The DeepSpeed JSON of the launch (from --deepspeed_config or the accelerate config), checked.
+    deepspeed_json: DeepSpeedJson | None = None
     notes: list[str] = field(default_factory=list)  # one warning each, printed once by the main process
-
-
-def env_flag(name: str) -> bool:
-    """An ACCELERATE_* boolean as accelerate writes it ('true'/'True'/'1'); unset is False."""
-    return parse_bool(os.environ.get(name, "")) is True
 
 
 def check_launch(config: TrainConfig) -> LaunchSettings:
@@ -45,26 +47,23 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
     Runs in every process before the Accelerator exists, so nothing has been written yet.
     """
     launcher = launcher_args()
-    use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
+    found = deepspeed_json(config, _accelerate_kind(launcher))
+    ds_json = found.data if found is not None else None
+    use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED") or found is not None
     if use_deepspeed and env_flag("ACCELERATE_USE_CPU"):
-        # Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.
-        raise UsageError(
-            "DeepSpeed was requested together with --cpu/use_cpu, and Accelerate would silently drop "
-            "DeepSpeed; leave out --cpu (DeepSpeed runs on CPU when no GPU is present)"
-        )
+        raise UsageError(DEEPSPEED_WITH_CPU)
     if env_flag("ACCELERATE_USE_MEGATRON_LM"):
         raise UsageError("Megatron-LM (distributed_type: MEGATRON_LM) is not supported; use a DDP or DeepSpeed config")
     _check_process_count(launcher)
     _check_fp8()
-    ds_json = _deepspeed_json() if use_deepspeed else None
-    if use_deepspeed:
-        _check_deepspeed_fields(ds_json is not None)
+    if found is not None:
+        _check_deepspeed_fields(found)
     if ds_json is not None:
-        # The same check runs again on Accelerate's copy (runtime._align_deepspeed); here it only
+        # The same check runs again on Accelerate's copy (strategy._align_deepspeed); here it only
         # refuses early a JSON optimizer/scheduler that DeepSpeed would reject mid-setup.
         check_deepspeed_optim(copy.deepcopy(ds_json), config)
     grad_accum, note = _resolve_grad_accum(config, launcher, ds_json, use_deepspeed)
-    settings = LaunchSettings(grad_accum=grad_accum, notes=[note] if note else [])
+    settings = LaunchSettings(grad_accum, use_deepspeed, found, notes=[note] if note else [])
     config.grad_accum = grad_accum
     if launcher is not None and not use_deepspeed and launcher.gradient_clipping is not None:
         settings.notes.append(
@@ -72,7 +71,7 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
             f"accelerate drops it here; clipping comes from the training config (--max-grad-norm, now "
             f"{config.max_grad_norm})"
         )
-    if use_deepspeed and _zero3_init(ds_json):
+    if use_deepspeed and zero3_init(found):
         from accelerate.utils import is_transformers_available
 
         if not is_transformers_available():  # Accelerate raises a bare Exception for this
@@ -88,12 +87,16 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
     return settings
 
 
-def _zero3_init(ds_json: dict[str, Any] | None) -> bool:
-    """Whether DeepSpeedPlugin will turn zero3_init_flag on: as asked, else on for ZeRO-3."""
+def zero3_init(found: DeepSpeedJson | None) -> bool:
+    """Whether the DeepSpeedPlugin will turn zero3_init_flag on: as the accelerate config asks,
+    else on for ZeRO-3 where Accelerate builds the plugin, off where accel_mnist does."""
     asked = os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT")
     if asked is not None:
         return parse_bool(asked) is True
-    stage = (ds_json or {}).get("zero_optimization", {}).get("stage") if ds_json else None
+    if found is not None and found.own:
+        return False  # no effect on these models (see check_launch), and no transformers needed
+    ds_json = found.data if found is not None else None
+    stage = ds_json.get("zero_optimization", {}).get("stage") if ds_json else None
     if stage is None:
         stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
     return str(stage) == "3"
@@ -131,7 +134,7 @@ def _resolve_grad_accum(
 
 def _check_process_count(launcher: argparse.Namespace | None) -> None:
     """Stop when the accelerate config asked for several processes but only this one runs."""
-    started = next((int(os.environ[v]) for v in _MPI_SIZE_VARS if os.environ.get(v, "").isdigit()), 1)
+    started = next((int(os.environ[v]) for v in MPI_SIZE_VARS if os.environ.get(v, "").isdigit()), 1)
     if launcher is None or started > 1:
         return
     cfg = _accelerate_config(launcher)
@@ -165,20 +168,6 @@ def _check_fp8() -> None:
         raise UsageError("mixed precision fp8 needs a GPU (compute capability 8.9+); on CPU use --mixed_precision no")
 
 
-def _deepspeed_json() -> dict[str, Any] | None:
-    """The deepspeed_config_file's contents (None without one); a one-line error if unreadable."""
-    name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
-    if name in ("", "none"):
-        return None
-    path = Path(name)
-    if not path.is_file():
-        raise UsageError(f"deepspeed_config_file {path} does not exist (a relative path is read from {Path.cwd()})")
-    data = read_json_object(path, f"deepspeed_config_file {path}")
-    if "zero_optimization" not in data:
-        raise UsageError(f"deepspeed_config_file {path}: needs a zero_optimization section (Accelerate requires it)")
-    return data
-
-
 # What accelerate 1.15 refuses next to a deepspeed_config_file (DeepSpeedPlugin._deepspeed_config_checks).
 _FIELDS_ONLY_IN_JSON = (
     "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
@@ -187,16 +176,28 @@ _FIELDS_ONLY_IN_JSON = (
 )  # fmt: skip
 
 
-def _check_deepspeed_fields(has_json: bool) -> None:
+def _check_deepspeed_fields(found: DeepSpeedJson) -> None:
     """Accelerate raises a ValueError (with a traceback) for these; say it in one line instead."""
-    if not has_json:
-        return
     given = [f for f in os.environ.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f in _FIELDS_ONLY_IN_JSON]
     if given:
+        where = "deepspeed_config_file" if not found.own else f"a DeepSpeed JSON ({found.label})"
         raise UsageError(
-            f"the accelerate config sets {', '.join(given)} next to deepspeed_config_file, which Accelerate "
+            f"the accelerate config sets {', '.join(given)} next to {where}, which Accelerate "
             "refuses; remove them from the YAML and put them in the JSON"
         )
+
+
+def _accelerate_kind(launcher: argparse.Namespace | None) -> str | None:
+    """Under `accelerate launch`, the strategy its flags and config ask for (for messages); else None."""
+    if launcher is None:
+        return None
+    if launcher.cpu or env_flag("ACCELERATE_USE_CPU"):
+        return "the CPU alone (--cpu / use_cpu, with which Accelerate drops DeepSpeed)"
+    for flag, kind in (("use_deepspeed", "DEEPSPEED"), ("use_fsdp", "FSDP"), ("multi_gpu", "MULTI_GPU")):
+        if getattr(launcher, flag, False):
+            return kind
+    written = getattr(getattr(_accelerate_config(launcher), "distributed_type", None), "value", None)
+    return str(written) if written else "NO (one process)"
 
 
 def _accelerate_config(launcher: argparse.Namespace) -> Any:

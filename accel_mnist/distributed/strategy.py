@@ -9,6 +9,7 @@ strategy runs. What the launcher and accelerate config ask for is read in launch
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from datetime import timedelta
@@ -23,25 +24,38 @@ from ..config import TrainConfig
 from ..errors import UsageError
 from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .elastic import join_restarted_group
-from .launch_settings import check_launch, env_flag
+from .launch_settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch, zero3_init
+from .launchers import WITHOUT_DEEPSPEED, env_flag, fp16_on_cpu, process_group_of_one, started_by_deepspeed_launcher
 from .step import direct_steps
-from .strategy_checks import FSDP_NEEDS_A_DEVICE, check_strategy, fsdp_and_dynamo_fields, multi_process_device_available
+from .strategy_checks import (
+    FSDP_NEEDS_A_DEVICE,
+    check_strategy,
+    fsdp_and_dynamo_fields,
+    multi_process_device_available,
+    strategy_line,
+)
 
 logger = get_logger(__name__)
 
 
-def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
-    """An Accelerator for `config`, with the strategy taken from the accelerate config/env.
+def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: Any) -> Accelerator:
+    """An Accelerator for `config`, with the strategy taken from the accelerate config/env, or
+    from `config.deepspeed_config` under any launcher.
 
     Resolves `config.grad_accum` (in place) from the launcher when the config leaves it unset,
     and raises UsageError, before anything is written, for any launcher setting the loop cannot
     honour, and where the launch asks for a strategy that Accelerate would not set up (it would
-    train another one without a word).
+    train another one without a word). With `announce` (a training run), the main process
+    prints the strategy line first: strategy, precision, world size, device.
     """
     launch = check_launch(config)
     grad_accum = launch.grad_accum
-    use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
+    use_deepspeed = launch.use_deepspeed
     use_fsdp = env_flag("ACCELERATE_USE_FSDP")
+    if use_deepspeed and kwargs.get("cpu"):
+        raise UsageError(DEEPSPEED_WITH_CPU)
+    if use_deepspeed:
+        process_group_of_one()  # where no launcher set one up: DeepSpeed needs it even alone
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # DeepSpeed calls torch collectives that torch has deprecated, and torch warns on every
     # call: under ZeRO-3 that is several lines per step, drowning everything else.
@@ -73,6 +87,7 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
         # Our schedules count optimizer steps on one process; Accelerate's default would step
         # them num_processes times per step under DDP but once under DeepSpeed.
         step_scheduler_with_optimizer=False,
+        deepspeed_plugin=_own_deepspeed_plugin(launch),
         kwargs_handlers=handlers,
         log_with=None if config.report_to == "none" else config.report_to,
         project_dir=config.output_dir,
@@ -81,12 +96,28 @@ def build_accelerator(config: TrainConfig, **kwargs: Any) -> Accelerator:
     if config.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UsageError("mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)")
-    check_strategy(accelerator, use_fsdp=use_fsdp, world_size=world_size)
+        raise UsageError(fp16_on_cpu(launch.deepspeed_json))
+    check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size)
     notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum)]
+    if started_by_deepspeed_launcher() and not use_deepspeed:
+        notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
+    if announce:  # before the notes: the first line of a run says what runs
+        accelerator.print(strategy_line(strategy_fields(accelerator)))
     for note in notes:
         logger.warning(note)  # main process only: once per run
     return accelerator
+
+
+def _own_deepspeed_plugin(launch: LaunchSettings) -> Any:
+    """The DeepSpeedPlugin of a --deepspeed_config JSON (None where Accelerate builds its own from
+    the accelerate config, or there is no DeepSpeed): the JSON's ZeRO stage, offload, precision
+    and accumulation, its "auto" values filled as from a YAML's deepspeed_config_file."""
+    found = launch.deepspeed_json
+    if found is None or not found.own:
+        return None
+    from accelerate.utils import DeepSpeedPlugin
+
+    return DeepSpeedPlugin(hf_ds_config=copy.deepcopy(found.data), zero3_init_flag=zero3_init(found))
 
 
 def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: int) -> list[str]:

@@ -45,8 +45,13 @@ def multi_process_device_available() -> bool:
     return bool(accelerate.utils.is_xpu_available() and xccl())
 
 
-def check_strategy(accelerator: Accelerator, *, use_fsdp: bool, world_size: int) -> None:
+def check_strategy(accelerator: Accelerator, *, use_fsdp: bool, world_size: int, use_deepspeed: bool = False) -> None:
     """UsageError where Accelerate set up something else than the launch asked for."""
+    if use_deepspeed and accelerator.distributed_type != DistributedType.DEEPSPEED:
+        raise UsageError(
+            f"DeepSpeed was requested but Accelerate set up {accelerator.distributed_type.value}; "
+            "an Accelerator created earlier in this process keeps its strategy (start a fresh process)"
+        )
     if use_fsdp and accelerator.distributed_type != DistributedType.FSDP:
         raise UsageError(
             f"FSDP was requested (ACCELERATE_USE_FSDP) but Accelerate set up {accelerator.distributed_type.value}: "
@@ -98,3 +103,24 @@ def _offloads(policy: Any) -> bool:
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     return isinstance(policy, CPUOffloadPolicy)
+
+
+def strategy_line(fields: dict[str, Any]) -> str:
+    """The first line of a run, from strategy_fields(): strategy, precision, world size, device."""
+    kind = fields["distributed_type"]
+    if kind == "DEEPSPEED":
+        name = f"DeepSpeed ZeRO-{fields['zero_stage']}"
+        offload = [f"{what} to {fields[key]}" for key, what in (("offload_optimizer", "optimizer states"),
+                   ("offload_param", "parameters")) if fields.get(key, "none") != "none"]  # fmt: skip
+        name += f" (offload {', '.join(offload)})" if offload else ""
+    elif kind == "FSDP":
+        name = f"FSDP{fields['fsdp_version']}"
+    elif kind.startswith("MULTI_"):
+        name = f"DDP ({kind})"
+    else:
+        name = "one process, no distribution" if kind == "NO" else kind
+    if fields.get("dynamo_backend", "no") != "no":
+        name += f", torch.compile ({fields['dynamo_backend']})"
+    precision = "fp32" if fields["mixed_precision"] == "no" else fields["mixed_precision"]
+    world, device = fields["num_processes"], fields["device"]
+    return f"strategy: {name}; precision: {precision}; world size: {world}; device: {device}"

@@ -133,12 +133,13 @@ def export_from_checkpoint(
         raise UsageError(f"{ckpt / STATE_FILE}: no model name")
 
     weights = _fp32_cpu(_strip_wrapper_prefixes(checkpoint_weights(ckpt, trust_checkpoint)))
-    extra = {"step": state.get("step")}
+    extra: dict[str, Any] = {"step": state.get("step")}
+    if model_name == "mlp" and config.get("mlp_hidden") is not None:
+        extra["mlp_hidden"] = config["mlp_hidden"]
     # A run records its data's constants and classes (older checkpoints: mean and std only).
     extra.update((k, state[k]) for k in ("mean", "std", "num_classes", "class_names", "input_shape") if k in state)
-    model = _build(ckpt / STATE_FILE, {"model": model_name, **extra}, hf)
-    if model is not None:  # fail now, not at load time, if the model does not fit the weights
-        _check_fits(model, weights, f"{ckpt}: the checkpoint's weights", model_name)
+    # Fail now, not at load time, if the model does not fit the weights.
+    _fresh_model(ckpt / STATE_FILE, {"model": model_name, **extra}, hf, weights, f"{ckpt}: the checkpoint's weights")
     dataset = state.get("dataset") or config["dataset"]
     return save_exported(
         weights, out_dir, model_name=model_name, dataset=dataset, extra=extra,
@@ -146,18 +147,30 @@ def export_from_checkpoint(
     )  # fmt: skip
 
 
-def _build(where: Path, config: dict[str, Any], hf: Any) -> nn.Module | None:
+def _fresh_model(
+    where: Path, config: dict[str, Any], hf: Any, weights: dict[str, torch.Tensor], fits: str
+) -> nn.Module | None:
     """A fresh model of the registry's (sized to the classes) or of transformers' (from its
-    config.json contents `hf`), as `config` describes it; None for a module of the caller's own."""
+    config.json contents `hf`, read from `where`), as `config` describes it, checked against
+    `weights` first on the meta device: a few bytes of config never make a model larger than its
+    weights. None for a module of the caller's own."""
     from ..models import MODELS
 
-    if config["model"] in MODELS:
-        return MODELS[config["model"]](num_classes=config.get("num_classes", 10))
-    if isinstance(hf, dict):
+    name = config["model"]
+    if name in MODELS:
+
+        def build() -> nn.Module:
+            return _registry_model(name, config, weights, fits)
+    elif isinstance(hf, dict):
         from .transformers_dir import build_from_config
 
-        return build_from_config(hf, str(where))
-    return None
+        def build() -> nn.Module:
+            return build_from_config(hf, str(where))
+    else:
+        return None
+    with torch.device("meta"):
+        _check_fits(build(), weights, fits, name)
+    return build()
 
 
 def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Module:
@@ -174,15 +187,12 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
         raise UsageError(f"{path}: no such exported model directory")
     config = read_export_config(path)
     name = config["model"]
-    if model is None:
-        hf = config.get("transformers_config")
-        where = path / hf if hf else path / CONFIG_FILE
-        model = _build(where, config, _read_json(where, "a transformers model's config") if hf else None)
-        if model is None:
-            raise UsageError(
-                f"{path / CONFIG_FILE}: model {name!r} is not in the registry ({', '.join(MODELS)}); "
-                "pass the module: load_model(path, model=...)"
-            )
+    hf = config.get("transformers_config")
+    if model is None and name not in MODELS and not hf:
+        raise UsageError(
+            f"{path / CONFIG_FILE}: model {name!r} is not in the registry ({', '.join(MODELS)}); "
+            "pass the module: load_model(path, model=...)"
+        )
     weights_file = path / WEIGHTS_FILE
     if not weights_file.is_file():
         raise UsageError(f"{weights_file}: missing (an export holds {WEIGHTS_FILE} and {CONFIG_FILE})")
@@ -192,6 +202,11 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
             f"{weights_file}: does not match the sha256 in {CONFIG_FILE} (changed, or an interrupted export)"
         )
     weights = read_safetensors(weights_file)
+    if model is None:
+        where = path / hf if hf else path / CONFIG_FILE
+        raw = _read_json(where, "a transformers model's config") if hf else None
+        model = _fresh_model(where, config, raw, weights, f"{weights_file}: the weights")
+        assert model is not None  # a registry name or a transformers config (checked above)
     model = model.to("cpu")
     _check_fits(model, weights, f"{weights_file}: the weights", name)
     try:
@@ -199,6 +214,20 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
     except RuntimeError as e:
         raise UsageError(f"{weights_file}: does not fit model {name!r}: {one_line(e)}") from None
     return model.eval()
+
+
+def _registry_model(name: str, config: dict[str, Any], weights: dict[str, torch.Tensor], where: str) -> nn.Module:
+    """The registry's model `name`, an mlp with the config's `mlp_hidden` widths only where the
+    weights hold as many elements: a file's few bytes never make a model larger than its weights."""
+    from ..models import MLP, build_model, check_mlp_hidden, mlp_num_parameters
+
+    widths, classes = config.get("mlp_hidden") if name == "mlp" else None, config.get("num_classes", 10)
+    if widths is None:
+        return build_model(name, num_classes=classes)
+    hidden = check_mlp_hidden(name, widths)
+    if mlp_num_parameters(hidden, classes) != sum(w.numel() for w in weights.values()):
+        raise UsageError(f"{where} do not fit model 'mlp' with mlp_hidden {widths}")
+    return MLP(hidden, num_classes=classes)
 
 
 def read_export_config(path: str | os.PathLike) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def model_for(accelerator: Accelerator, config: TrainConfig, model: nn.Module | 
                 f"model {config.model!r} takes {_dims(INPUT_SHAPE)} images but {data.name} has {_dims(shape)}; "
                 "pass a model that takes them: train(config, model=...)"
             )
-        return build_model(config.model, data.train.num_classes)
+        return build_model(config.model, config.mlp_hidden, data.train.num_classes)
     agree(accelerator, lambda: check_takes(model, data))
     return model
 

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from ..distributed import consensus
+from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.step import MicroStep
 from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
 from ..errors import NonFiniteLossError
@@ -55,13 +56,14 @@ def train(
     of the training pixels' own. What the model may return: model_output.py.
 
     Runs unchanged on CPU, one or several GPUs, DDP, DeepSpeed ZeRO 1-3 and FSDP: the strategy
-    comes from the accelerate config of the launch (`accelerate launch --config_file ...`). With
+    comes from the accelerate config of the launch (`accelerate launch --config_file ...`), or
+    from `config.deepspeed_config` under any launcher; the first line printed says which. With
     `config.plots` the PNGs are drawn before this returns, or, with `plots_in_background` (the
     CLI's choice, so that a command does not wait for matplotlib), by a process of their own.
     """
     start = time.perf_counter()
     own = OwnData(train_data, test_data, mean, std)
-    accelerator = build_accelerator(config)
+    accelerator = build_accelerator(config, announce=True)
     try:
         with StopSignals() as stop:
             run = start_run(accelerator, config, model, stop, own)
@@ -129,13 +131,15 @@ def start_run(
         facts["prewarm_seconds"] = prewarm(
             model, config, accelerator.device, per_process, rehearsals, state.input_shape
         )
+    numels = trainable_numels(model)  # before prepare, which may shard the parameters
     model, optimizer, scheduler = prepare(accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume))
+    memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")
     cadence = Cadence.of(config, state.total_steps)
     return TrainingRun(accelerator, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
-                       steps_per_epoch, facts)  # fmt: skip
+                       steps_per_epoch, facts, memory)  # fmt: skip
 
 
 @dataclass
@@ -154,6 +158,7 @@ class TrainingRun:
     cadence: Cadence
     steps_per_epoch: int
     facts: dict[str, Any]  # what results.json says about the setup
+    memory: MemoryWatch  # model states held and predicted, and the peaks: counted at evaluations
     metrics: dict[str, Any] = field(default_factory=dict)  # the last evaluation's row
     confusion_matrix: list[list[int]] = field(default_factory=list)
     last_checkpoint: Path | None = None
@@ -255,10 +260,12 @@ class TrainingRun:
     def evaluate(self) -> None:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
         accelerator, state = self.accelerator, self.state
+        self.memory.count(at_rest=True)  # between steps: before evaluating gathers ZeRO-3's parameters
         evaluation = evaluate(self.model, self.data.test, accelerator, self.input_dtype, self.state.num_classes)
         self.confusion_matrix = evaluation.pop("confusion_matrix")
         loss_sum = accelerator.reduce(self.losses.total(), "sum").item()
         train_loss = loss_sum / max(state.loss_count * accelerator.num_processes, 1)
+        self.memory.gather()  # a collective: where the evaluation syncs anyway
         self.metrics = metrics_row(
             state,
             evaluation,
@@ -267,6 +274,7 @@ class TrainingRun:
             steps_per_epoch=self.steps_per_epoch,
             num_processes=accelerator.num_processes,
         )
+        self.metrics["peak_allocated_bytes"] = self.memory.largest_peak()
         self.run_dir.log_metrics(self.metrics)
         accelerator.log(self.metrics, step=state.step)
         if not self.config.quiet:
@@ -300,8 +308,11 @@ class TrainingRun:
             weights = full_state_dict(accelerator, self.model)  # all ranks: ZeRO-3 gathers the shards
             if accelerator.is_main_process:
                 state = self.state
-                extra = {"mean": state.mean, "std": state.std, "step": state.step, "num_classes": state.num_classes,
-                         "class_names": state.class_names, "input_shape": state.input_shape}  # fmt: skip
+                extra: dict[str, Any] = {"mean": state.mean, "std": state.std, "step": state.step,
+                                         "num_classes": state.num_classes, "class_names": state.class_names,
+                                         "input_shape": state.input_shape}  # fmt: skip
+                if config.mlp_hidden is not None and state.model == "mlp":
+                    extra["mlp_hidden"] = config.mlp_hidden
                 save_exported(
                     weights, self.run_dir.dir, model_name=state.model, dataset=state.dataset, extra=extra,
                     transformers_config=state.transformers_config,
@@ -311,10 +322,11 @@ class TrainingRun:
             self.metrics,
             self.confusion_matrix,
             steps_per_epoch=self.steps_per_epoch,
-            facts=self.facts,
+            facts={**self.facts, "memory": self.memory.results()},
             wall_seconds=time.perf_counter() - start,
         )
         self.run_dir.write_results(results)
+        accelerator.print(self.memory.summary())  # the run's last line on stdout
         if config.plots and accelerator.is_main_process:
             from ..report import draw_in_background, write_report  # imports matplotlib only now
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# Fields of a metrics row that results.json states in its own terms ("epochs", "steps").
-_ROW_ONLY = ("epoch", "step")
+# Fields of a metrics row that results.json states in its own terms ("epochs", "steps", and
+# every process's peaks under "memory").
+_ROW_ONLY = ("epoch", "step", "peak_allocated_bytes")
 
 
 def metrics_row(

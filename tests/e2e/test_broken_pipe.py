@@ -7,7 +7,7 @@ import sys
 
 from accel_mnist.export.model_dir import save_exported
 from accel_mnist.models import build_model
-from conftest import MNIST_DIR
+from tests.helpers import MNIST_DIR
 
 
 def test_predict_into_a_closed_pipe_exits_141_without_a_traceback(tmp_path):

@@ -10,10 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for class_images
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for the tests package
 
 from accel_mnist import TrainConfig, train  # noqa: E402
-from class_images import PairDataset, splits  # noqa: E402
+from tests.your_model_data import PairDataset, splits  # noqa: E402
 
 TRAIN, TEST = 700, 250  # 250 test images: 2 processes x 64 do not divide them, so the last shards pad
 

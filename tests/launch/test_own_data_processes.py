@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from class_images import save_hf, splits
-from conftest import CONFIGS, REPO, TIMING_KEYS
+from tests.helpers import CONFIGS, REPO, metrics_rows
+from tests.your_model_data import save_hf, splits
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("own_data_script.py")
@@ -25,14 +25,12 @@ def launch(out, *args):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads((out / "results.json").read_text())
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return results, [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+    return json.loads((out / "results.json").read_text()), metrics_rows(out)
 
 
 def test_a_torch_dataset_on_two_processes_matches_hf(tmp_path):
     pytest.importorskip("datasets")
-    from own_data_script import TEST, TRAIN
+    from tests.launch.own_data_script import TEST, TRAIN
 
     spec = save_hf(tmp_path / "data", splits(10, TRAIN, TEST))
     hf, hf_rows = launch(tmp_path / "hf", "--hf", spec)

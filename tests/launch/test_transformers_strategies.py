@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, metrics_rows
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "transformers_model.py"
@@ -31,9 +31,7 @@ def launch(launch_args, out, *args):
     env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    rows = [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
-    return proc.stdout, json.loads((out / "results.json").read_text()), rows
+    return proc.stdout, json.loads((out / "results.json").read_text()), metrics_rows(out)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

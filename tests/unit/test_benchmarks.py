@@ -1,0 +1,218 @@
+"""The benchmark tools that run without a GPU: their bookkeeping, not their timings."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import memory, report, runner
+from benchmarks.baselines import plain_pytorch
+from benchmarks.suites import SUITES
+from tests.helpers import REPO
+
+
+def test_memory_candidates_point_at_existing_configs():
+    for name, (config, launch_args, _) in memory.LAUNCH.items():
+        assert (REPO / "accelerate_configs" / f"{config}.yaml").is_file(), name
+        if "--deepspeed_config_file" in launch_args:
+            path = REPO / launch_args[launch_args.index("--deepspeed_config_file") + 1]
+            assert json.loads(path.read_text())["zero_optimization"]["stage"] == int(name[4]), name
+
+
+def test_memory_predicts_with_the_library_accounting():
+    psi, n = 10**6, 2  # fp16 Adam: 16 Psi under DDP; ZeRO's fp32 gradient partition at the step
+    assert [memory.predicted_model_states([psi], n, s) for s in range(4)] == [16 * psi, 10 * psi, 10 * psi, 10 * psi]
+
+
+# -- python -m benchmarks: the suites' bookkeeping ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_suite_rows_are_complete_and_their_commands_fill(name, tmp_path):
+    suite = SUITES[name]
+    names = [row["name"] for row in suite["rows"]]
+    assert len(names) == len(set(names))
+    ctx = runner.context(tmp_path, "recipe.yaml")
+    for row in suite["rows"]:
+        assert {"name", "group", "what", "cmd", "parse"} <= set(row), row["name"]
+        assert row["parse"] in runner.PARSERS, row["name"]
+        for run in runner.runs_of(row):
+            argv = runner.fill(row["cmd"], {**ctx, "run": str(tmp_path / "r"), "seed": run["seed"]})
+            assert not [part for part in argv if re.search(r"\{[a-z_]+\}", part)], argv
+        for part in row["cmd"]:
+            if part.startswith("accelerate_configs/"):
+                assert (REPO / part).is_file(), part
+    for num, den, _ in suite.get("ratios", []):
+        assert {num, den} <= set(names)
+    for plotted in suite.get("plot") or []:
+        assert plotted in names
+
+
+def test_h200_suite_fits_one_ten_minute_call():
+    assert sum(row["budget"] for row in SUITES["h200"]["rows"]) <= 570
+    seeded = [row for row in SUITES["h200"]["rows"] if row["group"] == "time_to_99" and row["name"] == "recipe"]
+    assert seeded and len(seeded[0]["seeds"]) == 5
+
+
+def test_parse_curve_time_to_target_and_epoch_seconds(tmp_path):
+    rows = [
+        {"epoch": 0.5, "step": 10, "train_seconds": 0.4, "test_accuracy": 0.95},
+        {"epoch": 1.0, "step": 20, "train_seconds": 1.0, "test_accuracy": 0.985},
+        {"epoch": 1.5, "step": 30, "train_seconds": 1.5, "test_accuracy": 0.9905},
+        {"epoch": 2.0, "step": 40, "train_seconds": 2.5, "test_accuracy": 0.991},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parsed = runner.parse_curve("", tmp_path, {"target": 0.99})
+    assert parsed["reached"] and parsed["seconds_to_target"] == 1.5 and parsed["step_at_target"] == 30
+    assert parsed["best_test_accuracy"] == 0.991
+    assert parsed["epoch_seconds"] == pytest.approx([1.0, 1.5])
+    missing = runner.parse_curve("", tmp_path / "none", {"target": 0.99})
+    assert not missing["reached"] and missing["curve"] == []
+
+
+def test_readme_states_ratios_commands_and_skips(tmp_path):
+    rows = SUITES["cpu"]["rows"]
+    runs = [
+        {"row": "floor", "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.5, "command": "python -c x",
+         "parsed": {}} for i, w in enumerate([4.0, 5.0])
+    ] + [
+        {"row": "one_step", "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.7,
+         "command": "accel-mnist train --model linear", "parsed": {}} for i, w in enumerate([6.0, 4.4])
+    ]  # fmt: skip
+    record = {"suite": "cpu", "date": "2026-12-01T08:00:00Z", "hardware_label": "CPU: test (2 cores, 2 threads)",
+              "versions": {"torch": "x"}, "command": "python -m benchmarks cpu", "recipe": None, "rows": rows,
+              "ratios": SUITES["cpu"]["ratios"], "runs": runs, "skipped": {"loader_overhead": "time budget spent"},
+              "suite_seconds": 20.0}  # fmt: skip
+    text = report.readme(record)
+    assert "one_step / floor (median wall seconds): 5.20 / 4.50 = **1.16**" in text
+    assert "one_step / floor (min wall seconds): 4.40 / 4.00 = **1.10**" in text
+    assert "`accel-mnist train --model linear`" in text and "skipped loader_overhead: time budget spent" in text
+
+
+def test_dry_run_prints_every_command_without_running(capsys, tmp_path):
+    assert runner.main(["h200", "--dry-run", "--recipe", str(REPO / "pyproject.toml"), "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == sum(len(runner.runs_of(row)) for row in SUITES["h200"]["rows"])
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_group_runs_alone(capsys, tmp_path):
+    assert runner.main(["cpu", "--dry-run", "--group", "step", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    step_rows = [row for row in SUITES["cpu"]["rows"] if row["group"] == "step"]
+    assert len(lines) == sum(len(runner.runs_of(row)) for row in step_rows)
+    assert all("benchmarks.cpu_overhead" in line or "benchmarks.loader_overhead" in line for line in lines)
+    assert runner.main(["cpu", "--dry-run", "--group", "stpe", "--out", str(tmp_path)]) == 2
+    assert "error: --group stpe: not a group of cpu" in capsys.readouterr().err
+
+
+def test_runner_refuses_a_missing_recipe(capsys, tmp_path):
+    assert runner.main(["h200", "--recipe", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)]) == 2
+    assert "error: --recipe" in capsys.readouterr().err
+
+
+def test_plain_pytorch_follows_a_recipe_and_flags_win(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: mlp\nbatch_size: 512\nlr: 0.01\nscheduler: onecycle\neval_every: 10\nprewarm: true\n")
+    args = plain_pytorch.parse_args(["--config", str(recipe), "--lr", "0.002"])
+    assert (args.model, args.batch_size, args.lr, args.scheduler, args.eval_every) == (
+        "mlp",
+        512,
+        0.002,
+        "onecycle",
+        10,
+    )
+    assert args.warmup and args.recipe_ignored == []
+
+
+def test_plot_curves_draws_every_run_of_the_named_rows(tmp_path):
+    def run(row, curve):
+        return {"row": row, "rc": 0, "parsed": {"curve": curve}}
+
+    record = {"hardware_label": "1x test GPU", "date": "2026-12-01T00:00:00Z",
+              "runs": [run("recipe", [(0.1, 0.95, 10), (0.3, 0.991, 30)]), run("recipe_plain", [(0.2, 0.97, 10)]),
+                       run("other", [(1.0, 0.9, 5)]), {"row": "recipe", "rc": 1}]}  # fmt: skip
+    path = report.plot_curves(record, ["recipe", "recipe_plain"], tmp_path / "curves.png")
+    assert path == tmp_path / "curves.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.plot_curves(record, ["missing"], tmp_path / "none.png") is None
+
+
+def test_run_once_keeps_the_records_a_command_saved_in_its_folder(tmp_path):
+    script = ("import json, sys; from pathlib import Path; run = Path(sys.argv[1]); "
+              "(run / 'cpu_overhead-1-linear.json').write_text(json.dumps({'benchmark': 'cpu_overhead', 'x': 1})); "
+              "(run / 'results.json').write_text(json.dumps({'test_accuracy': 0.5})); "
+              "print(json.dumps({'ratio': 1.5}))")  # fmt: skip
+    row = {"name": "saver", "group": "g", "what": "w", "cmd": ["{python}", "-c", script, "{run}"], "parse": "json_line"}
+    record = runner.run_once(row, {"index": 0, "seed": 0}, runner.context(tmp_path, None), tmp_path, timeout=120)
+    assert record["parsed"] == {"ratio": 1.5}
+    assert record["records"] == [{"benchmark": "cpu_overhead", "x": 1}]  # results.json is no record
+    assert not (tmp_path / "runs" / "saver-0").exists()
+
+
+def test_save_record_writes_only_where_asked(tmp_path):
+    from benchmarks import benchlib
+
+    hw = {"cpu": "test", "cpu_cores": 2, "torch_threads": 2, "gpu": None, "gpu_count": 0}
+    record = {"hardware": hw, "versions": {}, "date": "2026-12-01T00:00:00Z", "command": "c"}
+    assert benchlib.save_record("bench", "t", dict(record), None) is None
+    path = benchlib.save_record("bench", "a b", dict(record), tmp_path)
+    assert path == tmp_path / "bench-20261201T000000Z-a_b.json" and json.loads(path.read_text())["benchmark"] == "bench"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the record only: no markdown table
+
+
+# -- python -m benchmarks.readme: benchmarks/README.md's tables from the results -----------------
+
+
+def test_benchmarks_readme_is_generated_from_the_newest_results():
+    from benchmarks import readme
+
+    text = readme.README.read_text()
+    assert readme.rewrite(text) == text, "benchmarks/README.md is stale: run python -m benchmarks.readme"
+
+
+def _suite_json(folder: Path, date: str, walls: dict[str, list[float]], parsed: dict | None = None) -> None:
+    rows = [row for row in SUITES["cpu"]["rows"] if row["name"] in walls]
+    runs = [{"row": name, "index": i, "seed": i, "rc": 0, "wall_seconds": w, "loadavg_1m": 0.5, "command": name,
+             "parsed": parsed or {}} for name, ws in walls.items() for i, w in enumerate(ws)]  # fmt: skip
+    record = {"suite": "cpu", "date": date, "hardware_label": "CPU: test", "command": f"cpu {date}", "rows": rows,
+              "ratios": SUITES["cpu"]["ratios"], "runs": runs}  # fmt: skip
+    folder.mkdir(parents=True)
+    (folder / "suite.json").write_text(json.dumps(record))
+
+
+def test_readme_takes_each_group_from_its_newest_folder_and_notices_a_stale_region(tmp_path):
+    from benchmarks import readme
+
+    results = tmp_path / "results"
+    loader = {"device_loader_us_per_batch": 24.0, "prepared_us_per_batch": 48.0, "extra_us_per_batch": 24.0}
+    _suite_json(results / "cpu-a-2026-12-01", "2026-12-01T08:00:00Z",
+                {"floor": [4.0, 5.0], "one_step": [6.0, 4.4], "loader_overhead": [3.0]}, loader)  # fmt: skip
+    _suite_json(results / "cpu-b-2026-12-02", "2026-12-02T08:00:00Z", {"loader_overhead": [3.5]},
+                {**loader, "extra_us_per_batch": 20.0})  # fmt: skip
+    (results / "old-2026-11-30").mkdir()
+    (results / "old-2026-11-30" / "cpu_overhead-x-linear.json").write_text("{}")
+
+    text = readme.generate(results)
+
+    def section(heading: str) -> str:
+        start = text.index(heading)
+        return text[start : text.index("\n###", start)]
+
+    startup, step = section("#### `cpu` startup"), section("#### `cpu` step")
+    assert "cpu-a-2026-12-01" in startup and "one_step / floor (median wall seconds): 5.20 / 4.50 = **1.16**" in startup
+    assert "cpu-b-2026-12-02" in step and "extra 20" in step and "cpu-a" not in step  # the newer run of the group
+    assert "| [`old-2026-11-30`](results/old-2026-11-30/) | earlier format (cpu_overhead records)" in text
+    assert text.index("cpu-b-2026-12-02`](") < text.index("cpu-a-2026-12-01`](", text.index("### Results folders"))
+
+    page = tmp_path / "README.md"
+    page.write_text(f"# b\n\n{readme.BEGIN}\nold table\n{readme.END}\n\nafter\n")
+    args = ["--readme", str(page), "--results", str(results)]
+    assert readme.main([*args, "--check"]) == 1 and "old table" in page.read_text()  # stale: --check fails
+    assert readme.main(args) == 0 and readme.main([*args, "--check"]) == 0
+    assert page.read_text().endswith(f"{readme.END}\n\nafter\n") and "old table" not in page.read_text()
+    page.write_text("# no markers\n")
+    with pytest.raises(ValueError):
+        readme.main(args)
