@@ -77,6 +77,19 @@ class PairDataset(torch.utils.data.Dataset):
         return self.images[index], int(self.labels[index])
 
 
+class FloatImages(torch.utils.data.Dataset):
+    """The arrays as float images in 0..1 (as torchvision's ToTensor gives them), labels as 0-d tensors."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        self.images, self.labels = torch.from_numpy(images).float() / 255, torch.from_numpy(labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.images[index], self.labels[index]
+
+
 class Net(nn.Module):
     """A linear classifier of 1x28x28 images whose forward wraps its logits as `wrap` says."""
 

@@ -14,7 +14,7 @@ from torch import nn
 from accel_mnist import DataError, TrainConfig, UsageError, train
 from accel_mnist.data.tensor_dataset import pixel_mean_std
 from tests.helpers import assert_one_line, metrics_rows
-from tests.your_model_data import PairDataset, save_hf, splits
+from tests.your_model_data import FloatImages, PairDataset, save_hf, splits
 
 pytest.importorskip("datasets")
 
@@ -104,22 +104,9 @@ class ColourNet(nn.Module):
         return {"logits": self.head(torch.relu(self.conv(x)).flatten(1))}
 
 
-class FloatColour(torch.utils.data.Dataset):
-    """3x32x32 float images in 0..1, as torchvision's ToTensor gives them."""
-
-    def __init__(self, images, labels):
-        self.images, self.labels = torch.from_numpy(images).float() / 255, torch.from_numpy(labels)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, index):
-        return self.images[index], self.labels[index]
-
-
 def test_colour_images_of_another_size_for_a_model_that_takes_them(tmp_path):
     data = splits(10, 500, 200, shape=(3, 32, 32))
-    train_set, test_set = FloatColour(*data["train"]), FloatColour(*data["test"])
+    train_set, test_set = FloatImages(*data["train"]), FloatImages(*data["test"])
     results = {}
     for loader in ("auto", "torch"):
         torch.manual_seed(0)
@@ -134,7 +121,7 @@ def test_colour_images_of_another_size_for_a_model_that_takes_them(tmp_path):
     # A built-in model takes 1x28x28 only, and says so before anything is written.
     with pytest.raises(UsageError) as e:
         train(config(tmp_path, "builtin", model="cnn"), train_data=train_set, test_data=test_set)
-    assert_one_line(e, "'cnn' takes 1x28x28 images", "own:FloatColour has 3x32x32")
+    assert_one_line(e, "'cnn' takes 1x28x28 images", "own:FloatImages has 3x32x32")
     assert not (tmp_path / "builtin").exists()
 
 

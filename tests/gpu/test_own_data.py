@@ -9,7 +9,7 @@ import torch
 
 from accel_mnist import TrainConfig, train
 from tests.helpers import metrics_rows
-from tests.your_model_data import PairDataset, save_hf, splits
+from tests.your_model_data import FloatImages, PairDataset, save_hf, splits
 
 
 def config(tmp_path, name, **changes):
@@ -40,20 +40,9 @@ def test_a_torch_dataset_on_the_gpu_device_path_matches_hf_and_the_torch_path(tm
     assert own["auto"]["test_accuracy"] > 0.9
 
 
-class FloatColour(torch.utils.data.Dataset):
-    def __init__(self, images, labels):
-        self.images, self.labels = torch.from_numpy(images).float() / 255, torch.from_numpy(labels)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, index):
-        return self.images[index], self.labels[index]
-
-
 def test_float_colour_images_on_the_gpu_device_path(tmp_path):
     data = splits(10, 3000, 1000, shape=(3, 32, 32))
-    train_set, test_set = FloatColour(*data["train"]), FloatColour(*data["test"])
+    train_set, test_set = FloatImages(*data["train"]), FloatImages(*data["test"])
     results = {}
     for loader in ("auto", "torch"):
         torch.manual_seed(0)
