@@ -1,8 +1,11 @@
 """Command line: `accel-mnist train [flags]`, also as `python -m accel_mnist`, under
 `accelerate launch -m accel_mnist`, `torchrun -m accel_mnist` and `deepspeed --module accel_mnist`.
 
-Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug);
-a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint ends with exit code 75.
+Bad input ends with one `error: ...` line on stderr and exit code 2 (a traceback only with --debug),
+a file the storage would not take with exit code 74; a run stopped by SIGTERM/SIGUSR1 after saving
+its checkpoint ends with exit code 75. In a launch of several processes, a message that every
+process has alike is printed by one process per machine (its local main process); the others
+exit with the same code in silence.
 """
 
 from __future__ import annotations
@@ -11,24 +14,46 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file
-from .errors import UsageError
+from .distributed.launcher_watch import local_main_process
+from .errors import UsageError, on_every_rank
 from .training.preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process SIGPIPE ended (128 + 13)
 
 
+# How long a process that leaves a shared line to its local main process waits before it exits:
+# under torchrun the first worker to exit makes the agent SIGTERM the others, which could end
+# the local main process before it has printed.
+QUIET_EXIT_SECONDS = 5.0
+
+
+def _finish(line: str, code: int, every_rank: bool = True) -> int:
+    """Print `line` on stderr and return `code`; where every process has the line, only the local
+    main process prints it, and the others return the same code after it has had time to."""
+    if not every_rank or local_main_process():
+        print(line, file=sys.stderr)
+        return code
+    if threading.current_thread() is threading.main_thread():
+        # The launcher ending the group, once the local main process has exited, ends this one alike.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(code))
+    time.sleep(QUIET_EXIT_SECONDS)
+    return code
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse prints the whole usage first; one line that says what is wrong is kinder.
-        print(f"error: {message} (see '{self.prog} --help')", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
+        raise SystemExit(_finish(f"error: {message} (see '{self.prog} --help')", EXIT_USAGE))
 
 
 # Other spellings of a field's flag: DeepSpeed's scripts and `deepspeed.add_config_arguments` say
@@ -95,9 +120,12 @@ def _train(args: argparse.Namespace) -> int:
     from .training.loop import train  # torch and accelerate: not for `--help` or the other commands
 
     check_local_rank(args.local_rank)
-    config = config_from_args(args)
-    if args.deepspeed and config.deepspeed_config is None:
-        raise UsageError("--deepspeed needs --deepspeed_config ds_config.json (ZeRO stage, precision and offload)")
+    try:
+        config = config_from_args(args)
+        if args.deepspeed and config.deepspeed_config is None:
+            raise UsageError("--deepspeed needs --deepspeed_config ds_config.json (ZeRO stage, precision and offload)")
+    except UsageError as e:  # every process reads the same command line and files
+        raise on_every_rank(e) from None
     # Libraries stay at warnings (Accelerate logs every file it saves at info) unless debugging.
     level = config.log_level.upper()
     logging.basicConfig(
@@ -122,14 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except Preempted as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        return EXIT_PREEMPTED
+        return _finish(f"error: {e}", e.exit_code, e.every_rank)
+    except Preempted as e:  # raised by every rank together, after they agreed to stop
+        return _finish(f"stopped: {e}", EXIT_PREEMPTED)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _finish("error: interrupted", 130)
     except BrokenPipeError:
         # The reader went away (`accel-mnist predict ... | head`): nothing is wrong with the run.
         # Point stdout at devnull so that the interpreter's final flush does not fail again.

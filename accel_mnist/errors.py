@@ -1,14 +1,25 @@
-"""Errors that mean "the user asked for something that cannot work".
+"""Errors that mean "the user asked for something that cannot work", or "the storage refused".
 
-The CLI turns every `UsageError` into one `error: ...` line on stderr and exit code 2;
-anything else is a bug and keeps its traceback.
+The CLI turns every `UsageError` into one `error: ...` line on stderr and its `exit_code`
+(2, or 74 for a `StorageError`); anything else is a bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
 import re
+
+# sysexits.h's EX_IOERR: a file could not be written. Not EX_TEMPFAIL (75, preemption): a
+# requeue script that retries at once would only fill the same disk again.
+EXIT_STORAGE = 74
 
 
 class UsageError(Exception):
     """Bad input from the user: a flag, a config value, a data file, a path."""
+
+    exit_code = 2
+    # Set where every process of a launch raises this same error (an agreed check, a setting
+    # read alike by all): then one process per machine prints it, not each of them.
+    every_rank = False
 
 
 class ConfigError(UsageError, ValueError):
@@ -21,6 +32,24 @@ class NonFiniteLossError(UsageError):
 
 class DataError(UsageError):
     """A dataset file is missing, truncated or not what its name says."""
+
+
+class StorageError(UsageError):
+    """A file could not be written: the disk or quota is full, the file system is read-only,
+    failing or refuses us. Reported like bad input (one line), with an exit code of its own."""
+
+    exit_code = EXIT_STORAGE
+
+
+def error_for(message: str, exit_code: int) -> UsageError:
+    """The error another process raised, rebuilt from its message and exit code (consensus.agree)."""
+    return StorageError(message) if exit_code == EXIT_STORAGE else UsageError(message)
+
+
+def on_every_rank(error: UsageError) -> UsageError:
+    """`error`, marked as raised alike by every process of the launch (see `UsageError.every_rank`)."""
+    error.every_rank = True
+    return error
 
 
 def one_line(message: object) -> str:

@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast
 
-from ..errors import UsageError
+from ..errors import UsageError, error_for, on_every_rank
 
 T = TypeVar("T")
 _MESSAGE_BYTES = 1024
@@ -36,7 +36,8 @@ def gather_ints(accelerator: Accelerator, values: list[int]) -> list[list[int]]:
 
 def agree(accelerator: Accelerator, check: Callable[[], T]) -> T:
     """Run `check` on every rank; if it raised UsageError anywhere, raise the lowest such rank's
-    error on all ranks, so that every node stops with the same `error:` line."""
+    error on all ranks (with its exit code, marked as raised by every rank), so that every node
+    stops with the same `error:` line."""
     error: UsageError | None = None
     result: T | None = None
     try:
@@ -45,17 +46,18 @@ def agree(accelerator: Accelerator, check: Callable[[], T]) -> T:
         error = e
     if accelerator.num_processes == 1:
         if error is not None:
-            raise error
+            raise on_every_rank(error)
         return result  # type: ignore[return-value]
     text = str(error).encode()[:_MESSAGE_BYTES] if error is not None else b""
-    # Lengths first, then the bytes of each, padded: gather needs one shape everywhere.
-    codes = [len(text) + (error is not None)] + list(text) + [0] * (_MESSAGE_BYTES - len(text))
+    exit_code = error.exit_code if error is not None else 0
+    # Length and exit code first, then the bytes, padded: gather needs one shape everywhere.
+    codes = [len(text) + (error is not None), exit_code] + list(text) + [0] * (_MESSAGE_BYTES - len(text))
     for rank, row in enumerate(gather_ints(accelerator, codes)):
         if row[0]:
             if error is not None and rank == accelerator.process_index:
-                raise error
-            message = bytes(row[1 : row[0]]).decode(errors="replace")
-            raise UsageError(message) from None
+                raise on_every_rank(error)
+            message = bytes(row[2 : row[0] + 1]).decode(errors="replace")
+            raise on_every_rank(error_for(message, row[1])) from None
     return result  # type: ignore[return-value]
 
 

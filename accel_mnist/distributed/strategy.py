@@ -23,14 +23,17 @@ from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitPr
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
+from .deepspeed_ops import align_cuda_arch_list
 from .elastic import join_restarted_group
 from .launch_settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch, zero3_init
+from .launcher_watch import watch_launcher
 from .launchers import WITHOUT_DEEPSPEED, env_flag, fp16_on_cpu, process_group_of_one, started_by_deepspeed_launcher
 from .step import direct_steps
 from .strategy_checks import (
     FSDP_NEEDS_A_DEVICE,
     check_strategy,
     fsdp_and_dynamo_fields,
+    loads_universal,
     multi_process_device_available,
     strategy_line,
 )
@@ -48,9 +51,11 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     train another one without a word). With `announce` (a training run), the main process
     prints the strategy line first: strategy, precision, world size, device.
     """
+    watch_launcher()  # a worker whose launcher died exits rather than train on as an orphan
     launch = check_launch(config)
     grad_accum = launch.grad_accum
     use_deepspeed = launch.use_deepspeed
+    arch_note = align_cuda_arch_list(use_deepspeed)  # in every process, before DeepSpeed builds an op
     use_fsdp = env_flag("ACCELERATE_USE_FSDP")
     if use_deepspeed and kwargs.get("cpu"):
         raise UsageError(DEEPSPEED_WITH_CPU)
@@ -98,7 +103,7 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UsageError(fp16_on_cpu(launch.deepspeed_json))
     check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size)
-    notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum)]
+    notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum), *([arch_note] if arch_note else [])]
     if started_by_deepspeed_launcher() and not use_deepspeed:
         notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
     if announce:  # before the notes: the first line of a run says what runs
@@ -160,14 +165,19 @@ def prepare(
     total_steps: int,
     steps_per_epoch: int,
     resuming: bool = False,
+    saved_strategy: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Model, optimizer and schedule, built and prepared in the order the strategy needs.
 
     The loop gets the three prepared objects and never learns which strategy made them (a
     DeepSpeed JSON's own optimizer and schedule included: DeepSpeed steps those itself).
-    `resuming`: a checkpoint is loaded into them next, so whatever it must find is made here.
+    `resuming`: a checkpoint (saved under `saved_strategy`) is loaded into them next, so whatever
+    it must find is made here.
     """
     plugin = accelerator.state.deepspeed_plugin
+    if resuming and plugin is not None and loads_universal(accelerator, saved_strategy or {}):
+        # ZeRO shards of another number of processes: run/universal.py converts them.
+        plugin.deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
     if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
         # FSDP1 replaces the module's parameters (by flat ones, with use_orig_params false):
         # an optimizer built before the wrap would step tensors that no longer train, and

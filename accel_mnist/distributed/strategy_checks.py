@@ -124,3 +124,10 @@ def strategy_line(fields: dict[str, Any]) -> str:
     precision = "fp32" if fields["mixed_precision"] == "no" else fields["mixed_precision"]
     world, device = fields["num_processes"], fields["device"]
     return f"strategy: {name}; precision: {precision}; world size: {world}; device: {device}"
+
+
+def loads_universal(accelerator: Accelerator, saved: dict[str, Any]) -> bool:
+    """Whether a checkpoint saved under strategy fields `saved` holds ZeRO shards of another
+    number of processes than this run has: DeepSpeed then loads it in its universal format,
+    which its engine must be configured for before it is built (`checkpoint.load_universal`)."""
+    return accelerator.state.deepspeed_plugin is not None and saved.get("num_processes", 1) != accelerator.num_processes

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError, one_line
-from ..files import fsync_file, json_bytes, read_json_object
+from ..files import fsync_file, json_bytes, read_json_object, writing
 from ..run.checkpoint import STATE_FILE
 from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
 from .gather import _fp32_cpu, _strip_wrapper_prefixes, full_state_dict
@@ -32,6 +32,23 @@ __all__ = ["export_from_checkpoint", "full_state_dict", "load_model", "read_expo
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
 FORMAT_VERSION = 1
+
+
+def export_prepared(
+    accelerator: Any, model: nn.Module, out_dir: Path, model_name: str, dataset: str, extra: dict[str, Any],
+    transformers_config: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """Export a prepared model (call on every process): gathered where sharded, written by the
+    main process; a write the storage refuses there stops every process with the same error."""
+    from ..distributed.consensus import agree
+
+    weights = full_state_dict(accelerator, model)
+
+    def write() -> None:
+        save_exported(weights, out_dir, model_name=model_name, dataset=dataset, extra=extra,
+                      transformers_config=transformers_config)  # fmt: skip
+
+    agree(accelerator, lambda: write() if accelerator.is_main_process else None)
 
 
 def save_exported(
@@ -68,34 +85,32 @@ def save_exported(
     # rather than mkdtemp, whose mode 0700 the export would keep.
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.mkdir(parents=True)
-    except OSError as e:
-        raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
-    try:
-        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-        config = {
-            "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
-            "mean": spec.mean if spec else None, "std": spec.std if spec else None,
-            "format_version": FORMAT_VERSION, "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
-        }  # fmt: skip
-        sub = hf_place(out_dir) if transformers_config else ""
-        if transformers_config:
-            config["transformers_config"] = f"{sub}/{HF_CONFIG_FILE}" if sub else HF_CONFIG_FILE
-            write_hf_folder(tmp, sub, transformers_config, WEIGHTS_FILE, (CONFIG_FILE, config))
-        (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
-        for name in (WEIGHTS_FILE, CONFIG_FILE):
-            fsync_file(tmp / name)
-        if out_dir.is_dir() and any(out_dir.iterdir()):
-            # Other files may share the directory (a run's results, say): replace only ours,
-            # model_config.json last, since it is what vouches for the weights.
-            hf = [sub or HF_CONFIG_FILE] if transformers_config else []
-            for name in (WEIGHTS_FILE, *hf, CONFIG_FILE):
-                if (tmp / name).is_dir() and (out_dir / name).exists():
-                    os.replace(out_dir / name, tmp / f".old-{name}")  # a folder cannot replace a folder
-                os.replace(tmp / name, out_dir / name)
-        else:
-            os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
-    except OSError as e:
+        with writing("the export", out_dir):
+            tmp.mkdir(parents=True)
+            save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+            config = {
+                "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
+                "mean": spec.mean if spec else None, "std": spec.std if spec else None,
+                "format_version": FORMAT_VERSION, "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
+            }  # fmt: skip
+            sub = hf_place(out_dir) if transformers_config else ""
+            if transformers_config:
+                config["transformers_config"] = f"{sub}/{HF_CONFIG_FILE}" if sub else HF_CONFIG_FILE
+                write_hf_folder(tmp, sub, transformers_config, WEIGHTS_FILE, (CONFIG_FILE, config))
+            (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
+            for name in (WEIGHTS_FILE, CONFIG_FILE):
+                fsync_file(tmp / name)
+            if out_dir.is_dir() and any(out_dir.iterdir()):
+                # Other files may share the directory (a run's results, say): replace only ours,
+                # model_config.json last, since it is what vouches for the weights.
+                hf = [sub or HF_CONFIG_FILE] if transformers_config else []
+                for name in (WEIGHTS_FILE, *hf, CONFIG_FILE):
+                    if (tmp / name).is_dir() and (out_dir / name).exists():
+                        os.replace(out_dir / name, tmp / f".old-{name}")  # a folder cannot replace a folder
+                    os.replace(tmp / name, out_dir / name)
+            else:
+                os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
+    except OSError as e:  # what the storage did not refuse: a path that is a file, say
         raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

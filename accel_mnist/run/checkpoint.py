@@ -19,9 +19,9 @@ from typing import Any
 from accelerate import Accelerator
 
 from ..distributed.consensus import agree
-from ..distributed.strategy_checks import REPLICATED
-from ..errors import UsageError, one_line
-from ..files import read_json_object, write_json_atomic
+from ..distributed.strategy_checks import REPLICATED, loads_universal
+from ..errors import StorageError, UsageError, on_every_rank, one_line
+from ..files import read_json_object, write_json_atomic, writing
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -85,25 +85,46 @@ def step_of(path: Path) -> int:
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainState, keep: int) -> Path:
-    """Save on all ranks (DeepSpeed shards are written by each), publish atomically, keep `keep`."""
+    """Save on all ranks (DeepSpeed shards are written by each), publish atomically, keep `keep`.
+
+    Where the storage refuses a write (full, quota, read-only...), every rank raises the same
+    StorageError, the partial checkpoint is removed and the previous ones stay as they were.
+    """
     root = checkpoint_dir(output_dir)
     final = root / f"step_{state.step}"
     tmp = root / f".tmp_step_{state.step}"
+    what = f"checkpoint step_{state.step}"
+    previous = list_checkpoints(output_dir)
+
+    def start() -> None:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            with writing(what, tmp):
+                tmp.mkdir(parents=True)
+
+    def write() -> None:
+        with writing(what, tmp):
+            accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:  # after every rank's files: the barrier is agree's gather
+            # Written last: a folder without it is incomplete even if someone renames it by hand.
+            write_json_atomic(tmp / STATE_FILE, asdict(state))
+
+    try:
+        agree(accelerator, start)
+        agree(accelerator, write)
+    except StorageError as e:
+        if accelerator.is_main_process:  # every rank has stopped writing into it
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = (f"{previous[-1].name} is kept, and once the storage takes writes again the same command with "
+                f"--resume-from auto continues from it") if previous else "there is no earlier checkpoint"  # fmt: skip
+        raise on_every_rank(StorageError(f"{e}; the partial checkpoint was removed; {kept}")) from e
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        # Written last: a folder without it is incomplete even if someone renames it by hand.
-        write_json_atomic(tmp / STATE_FILE, asdict(state))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
         for old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-        for stale in root.glob(".tmp_step_*"):  # left by saves that crashed
+        for stale in [*root.glob(".tmp_step_*"), *root.glob(".universal_step_*")]:  # left by crashed saves, loads
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
@@ -169,8 +190,9 @@ def check_compatible(
 
 
 def _check_world(saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Another number of processes is fine where the global batch stays and the checkpoint's
-    files do not depend on it (DDP or one process: replicated weights, consecutive batches)."""
+    """Another number of processes is fine where the global batch stays: DDP and one process hold
+    replicated weights and take consecutive batches, and ZeRO shards are converted by DeepSpeed
+    (universal.py). FSDP's are refused."""
     was, now = saved.strategy, strategy
     # FSDP keys exist only under FSDP; its checkpoints differ by version and state dict type.
     for key in ("zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
@@ -200,13 +222,6 @@ def _check_world(saved: TrainState, strategy: dict[str, Any], config: dict[str, 
             f"{path} holds FSDP state of {n_was} processes but this run has {n_now}; "
             f"resume with --num_processes {n_was}"
         )
-    if n_was != n_now and now.get("zero_stage"):
-        raise UsageError(
-            f"{path} holds ZeRO-{now['zero_stage']} shards of {n_was} processes but this run has {n_now}; "
-            f"resume with --num_processes {n_was}, or convert the shards with `python -m "
-            f"deepspeed.checkpoint.ds_to_universal --input_folder {path}/pytorch_model --output_folder DIR` "
-            "and load DIR through DeepSpeed's checkpoint.load_universal (accel_mnist does not do that itself)"
-        )
 
 
 def rescale_loss_sums(state: TrainState, num_processes: int) -> list[float]:
@@ -226,12 +241,16 @@ def verify_checkpoint(accelerator: Accelerator, path: Path, trust: bool = False)
     """Check checkpoint `path` before anything is loaded or written (all ranks); return this rank's RNG states.
 
     Unless `trust`, every pickle in it must pass torch's restricted unpickler with the few
-    classes it needs (safe_load.py); its RNG file must be whole whatever `trust` says. Every
-    rank raises the same error, so that none waits in a collective for one that stopped.
+    classes it needs (safe_load.py); its RNG file must be whole whatever `trust` says. A rank the
+    checkpoint's run did not have (a resume on more processes) has none: it keeps the seed it
+    started with. Every rank raises the same error, so that none waits in a collective for one
+    that stopped.
     """
     from .safe_load import read_checkpoint_files
 
-    return agree(accelerator, lambda: read_checkpoint_files(path, accelerator.process_index, trust))
+    saved = read_state(path).strategy.get("num_processes", 1)
+    rank = accelerator.process_index
+    return agree(accelerator, lambda: read_checkpoint_files(path, rank, trust) if rank < saved else {})
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, Any], trust: bool = False) -> None:
@@ -239,25 +258,36 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, 
 
     Unless `trust`, `load_state` runs with the restricted unpickler forced on every torch.load,
     DeepSpeed's `weights_only=False` ones included. The RNG states must come back as
-    `verify_checkpoint` read them: Accelerate would skip them with a log line.
+    `verify_checkpoint` read them: Accelerate would skip them with a log line. ZeRO shards of
+    another number of processes are loaded through DeepSpeed's universal format (universal.py).
     """
+    from . import universal as uc
     from .safe_load import check_rng_restored, refusal, weights_only_loads
+
+    universal = loads_universal(accelerator, read_state(path).strategy)
+    ours = checkpoint_dir(accelerator.project_dir or path.parent.parent)  # project_dir: the output directory
+    source = uc.convert(accelerator, path, ours, trust) if universal else path
 
     def load() -> None:
         from safetensors import SafetensorError
 
         try:
             if trust:  # Accelerate's own loads default to weights_only=True
-                accelerator.load_state(str(path), load_kwargs={"weights_only": False})
+                accelerator.load_state(str(source), load_kwargs={"weights_only": False})
             else:
                 with weights_only_loads():
-                    accelerator.load_state(str(path))
+                    accelerator.load_state(str(source))
         except pickle.UnpicklingError as e:
             what = refusal(e) or "object"
             raise UsageError(f"{path}: refused a pickled {what} while loading (changed after the check?)") from None
         except (FileNotFoundError, KeyError, RuntimeError, ValueError, SafetensorError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UsageError(f"{path}: cannot load checkpoint: {one_line(first)}") from None
-        check_rng_restored(rng_states, path, accelerator.process_index)
+        if rng_states:
+            check_rng_restored(rng_states, path, accelerator.process_index)
 
-    agree(accelerator, load)
+    try:
+        agree(accelerator, load)
+    finally:
+        if universal:
+            uc.remove(accelerator, path, ours)

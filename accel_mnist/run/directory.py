@@ -1,21 +1,24 @@
 """The output directory of one run, owned in one place.
 
-The loop talks to a RunDir only: the checks before anything is written (what --resume-from
-means here, whether the directory holds an earlier run), agreed by every rank so that all
-nodes stop together with the same error; then config, metrics, results, checkpoints and the
-preemption marker, each written by the process that should write it. Every node must see the
-same directory: checkpoints hold one file per rank and results are written by rank 0 alone,
-so a directory that is not shared is refused before training starts.
+The loop talks to a RunDir only: first the lock (one live run per directory, lock.py), then
+the checks before anything is written (what --resume-from means here, whether the directory
+holds an earlier run), agreed by every rank so that all nodes stop together with the same
+error; then config, metrics, results, checkpoints and the preemption marker, each written by
+the process that should write it. A write the storage refuses stops every rank with the same
+StorageError. Every node must see the same directory: checkpoints hold one file per rank and
+results are written by rank 0 alone, so a directory that is not shared is refused before
+training starts.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from accelerate import Accelerator
@@ -24,9 +27,10 @@ from ..config import TrainConfig
 from ..data.catalog import resolve_data_dir
 from ..distributed.consensus import agree, gather_ints, seen_by_every_node
 from ..errors import UsageError
-from ..files import read_json_if_valid, write_json_atomic
+from ..files import read_json_if_valid, write_json_atomic, writing
 from . import checkpoint as ckpt
 from . import outputs
+from .lock import RunLock
 
 # Settings whose change turns a finished run into another run: auto then does not return it.
 _FINISHED_KEYS = (*ckpt.MUST_MATCH, "batch_size", "epochs", "max_steps", "stop_at_accuracy")
@@ -45,17 +49,38 @@ class Plan:
 
 
 class RunDir:
-    """`config.output_dir` as the loop sees it."""
+    """`config.output_dir` as the loop sees it; a context manager that holds its lock."""
 
     def __init__(self, accelerator: Accelerator, config: TrainConfig) -> None:
         self.accelerator, self.config = accelerator, config
         self.dir = Path(config.output_dir)
+        self.lock = RunLock(self.dir)
+        self._created = self._opened = False
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the lock; a directory this run created and never opened goes too, so that a
+        run stopped by a check leaves nothing behind."""
+        untouched = self._created and not self._opened
+        self.lock.release(remove=untouched)
+        if untouched:
+            try:
+                self.dir.rmdir()  # only if empty: never what someone else put there
+            except OSError:
+                pass
 
     # -- before anything is written ---------------------------------------------------------
 
     def plan(self) -> Plan:
-        """Resolve --resume-from and check the directory, on every rank; the same answer (or
-        the same UsageError) everywhere, or an error saying the ranks see different things."""
+        """Take the directory's lock (main process), then resolve --resume-from and check the
+        directory, on every rank; the same answer (or the same UsageError) everywhere, or an
+        error saying the ranks see different things."""
+        agree(self.accelerator, self._claim)
         plan = agree(self.accelerator, self._plan_here)
         kind = _FINISHED if plan.finished is not None else _RESUME if plan.resume else _FRESH
         step = plan.state.step if plan.state else -1
@@ -67,6 +92,13 @@ class RunDir:
                 "--output-dir must be on storage that every node shares"
             )
         return plan
+
+    def _claim(self) -> None:
+        """Lock the directory for this run (creating it): a second run into it stops here, and
+        so does a directory that cannot be written, before anything is trained."""
+        if self.accelerator.is_main_process:
+            self._created = not self.dir.exists()
+            self.lock.acquire()
 
     def _plan_here(self) -> Plan:
         config = self.config
@@ -118,7 +150,8 @@ class RunDir:
 
         def create() -> None:
             try:  # on every rank (exist_ok), so that a failure stops them all alike
-                self.dir.mkdir(parents=True, exist_ok=True)
+                with writing("the output directory", self.dir):
+                    self.dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise UsageError(f"cannot create output directory {self.dir}: {e.strerror}") from None
 
@@ -133,7 +166,11 @@ class RunDir:
                 )
 
         agree(acc, refuse_unshared)
-        if acc.is_main_process:
+        self._opened = True
+
+        def clear() -> None:
+            if not acc.is_main_process:
+                return
             earlier = ckpt.list_checkpoints(self.dir)
             if resume_step is None:  # --overwrite: the earlier run's checkpoints go too
                 shutil.rmtree(ckpt.checkpoint_dir(self.dir), ignore_errors=True)
@@ -145,12 +182,16 @@ class RunDir:
             outputs.truncate_metrics(self.dir, resume_step)
             (self.dir / outputs.RESULTS_FILE).unlink(missing_ok=True)
             (self.dir / outputs.PREEMPTED_FILE).unlink(missing_ok=True)
-        acc.wait_for_everyone()
+
+        agree(acc, clear)  # also the barrier: no rank writes before the directory is ready
+
+    def _on_main(self, write: Callable[[], object]) -> None:
+        """`write()` on the main process; a StorageError there stops every rank alike."""
+        agree(self.accelerator, lambda: write() if self.accelerator.is_main_process else None)
 
     def log_metrics(self, row: dict[str, Any]) -> None:
         """Append one evaluation's metrics (main process)."""
-        if self.accelerator.is_main_process:
-            outputs.append_metrics(self.dir, row)
+        self._on_main(lambda: outputs.append_metrics(self.dir, row))
 
     def save_checkpoint(self, state: ckpt.TrainState) -> Path:
         """A complete checkpoint of the current step (all ranks)."""
@@ -158,15 +199,12 @@ class RunDir:
 
     def mark_preempted(self, signal_name: str, step: int, checkpoint: Path) -> None:
         """Leave `preempted.json` for a requeue script: the launcher's own exit code is torchrun's."""
-        if self.accelerator.is_main_process:
-            info = {"signal": signal_name, "step": step, "checkpoint": str(checkpoint)}
-            write_json_atomic(self.dir / outputs.PREEMPTED_FILE, info)
-        self.accelerator.wait_for_everyone()
+        info = {"signal": signal_name, "step": step, "checkpoint": str(checkpoint)}
+        self._on_main(lambda: write_json_atomic(self.dir / outputs.PREEMPTED_FILE, info))
 
     def write_results(self, results: dict[str, Any]) -> None:
         """Write results.json atomically (main process)."""
-        if self.accelerator.is_main_process:
-            write_json_atomic(self.dir / outputs.RESULTS_FILE, results)
+        self._on_main(lambda: write_json_atomic(self.dir / outputs.RESULTS_FILE, results))
 
 
 def _describe(kind: int, step: int) -> str:

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..files import write_atomic, writing
+
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
@@ -19,7 +21,8 @@ PREEMPTED_FILE = "preempted.json"
 def truncate_metrics(run_dir: Path, resume_step: int | None) -> None:
     """Keep metrics.jsonl's rows up to `resume_step` (none for a fresh run).
 
-    Rows logged after the checkpoint by the run that died are logged again on resume.
+    Rows logged after the checkpoint by the run that died are logged again on resume. Written
+    atomically: a disk that fills up meanwhile leaves the old rows as they were.
     """
     path = run_dir / METRICS_FILE
     keep = []
@@ -30,10 +33,12 @@ def truncate_metrics(run_dir: Path, resume_step: int | None) -> None:
                     keep.append(line + "\n")
             except (ValueError, KeyError, TypeError):
                 break  # a line cut short by the crash, and nothing valid after it
-    path.write_text("".join(keep))
+    write_atomic(path, "".join(keep).encode())
 
 
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
-    """Append one evaluation's metrics as a JSON line."""
-    with open(run_dir / METRICS_FILE, "a") as f:
+    """Append one evaluation's metrics as a JSON line (a line cut short by a full disk is
+    dropped on resume, as one cut short by a crash)."""
+    path = run_dir / METRICS_FILE
+    with writing(METRICS_FILE, path), open(path, "a") as f:
         f.write(json.dumps(row, sort_keys=True) + "\n")

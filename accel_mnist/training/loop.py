@@ -24,7 +24,7 @@ from ..distributed import consensus
 from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.step import MicroStep
 from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
-from ..errors import NonFiniteLossError
+from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
 from ..model_output import logits_of
 from ..run import checkpoint as ckpt
@@ -63,10 +63,13 @@ def train(
     """
     start = time.perf_counter()
     own = OwnData(train_data, test_data, mean, std)
-    accelerator = build_accelerator(config, announce=True)
     try:
-        with StopSignals() as stop:
-            run = start_run(accelerator, config, model, stop, own)
+        accelerator = build_accelerator(config, announce=True)
+    except UsageError as e:  # from the launch's settings, which every process reads alike
+        raise on_every_rank(e) from None
+    try:
+        with StopSignals() as stop, RunDir(accelerator, config) as run_dir:
+            run = start_run(accelerator, config, model, stop, run_dir, own)
             if isinstance(run, dict):  # a finished run's results: nothing to train
                 return run
             run.fit()
@@ -77,13 +80,17 @@ def train(
 
 
 def start_run(
-    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, stop: StopSignals, own: OwnData
+    accelerator: Accelerator,
+    config: TrainConfig,
+    model: nn.Module | None,
+    stop: StopSignals,
+    run_dir: RunDir,
+    own: OwnData,
 ) -> TrainingRun | dict[str, Any]:
     """Check everything on every rank, then open the output directory and prepare the objects;
     a finished run's results instead where `output_dir` holds one."""
     strategy = strategy_fields(accelerator)
-    run_dir = RunDir(accelerator, config)
-    plan = run_dir.plan()  # agreed by every rank: what --resume-from means here
+    plan = run_dir.plan()  # locked, then agreed by every rank: what --resume-from means here
     if plan.finished is not None:
         accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
         return plan.finished
@@ -103,6 +110,7 @@ def start_run(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
+    saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
     if resume:
         saved, where, settings, described = state, resume, config.to_dict(), run_data.state_fields
         consensus.agree(
@@ -112,7 +120,7 @@ def start_run(
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
     record(state, model_name, model, run_data)
     check_model(accelerator, model)
-    # Only now, with every check passed on every rank, is anything in the output directory touched.
+    # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     run_dir.open(plan)
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in state.config.items()}
@@ -132,7 +140,9 @@ def start_run(
             model, config, accelerator.device, per_process, rehearsals, state.input_shape
         )
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
-    model, optimizer, scheduler = prepare(accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume))
+    model, optimizer, scheduler = prepare(
+        accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume), saved_strategy
+    )
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
@@ -251,11 +261,11 @@ class TrainingRun:
         flags = torch.tensor([[self.losses.worst, int(self.stop.received is not None)]], device=self.accelerator.device)
         worst, signalled = self.accelerator.gather(flags).amax(0).tolist()
         self.stop.agreed = self.stop.agreed or bool(signalled)
-        if worst >= self.config.max_nonfinite:
-            raise NonFiniteLossError(
+        if worst >= self.config.max_nonfinite:  # gathered: every rank raises it
+            raise on_every_rank(NonFiniteLossError(
                 f"loss was not finite for {self.config.max_nonfinite} optimizer steps in a row (at step "
                 f"{self.state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(self.config.output_dir)}"
-            )
+            ))  # fmt: skip
 
     def evaluate(self) -> None:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
@@ -303,20 +313,16 @@ class TrainingRun:
         """Export the weights, write results.json (and the PNGs), release the prepared objects."""
         accelerator, config = self.accelerator, self.config
         if config.export:
-            from ..export.model_dir import full_state_dict, save_exported
+            from ..export.model_dir import export_prepared
 
-            weights = full_state_dict(accelerator, self.model)  # all ranks: ZeRO-3 gathers the shards
-            if accelerator.is_main_process:
-                state = self.state
-                extra: dict[str, Any] = {"mean": state.mean, "std": state.std, "step": state.step,
-                                         "num_classes": state.num_classes, "class_names": state.class_names,
-                                         "input_shape": state.input_shape}  # fmt: skip
-                if config.mlp_hidden is not None and state.model == "mlp":
-                    extra["mlp_hidden"] = config.mlp_hidden
-                save_exported(
-                    weights, self.run_dir.dir, model_name=state.model, dataset=state.dataset, extra=extra,
-                    transformers_config=state.transformers_config,
-                )  # fmt: skip
+            state = self.state
+            extra: dict[str, Any] = {"mean": state.mean, "std": state.std, "step": state.step,
+                                     "num_classes": state.num_classes, "class_names": state.class_names,
+                                     "input_shape": state.input_shape}  # fmt: skip
+            if config.mlp_hidden is not None and state.model == "mlp":
+                extra["mlp_hidden"] = config.mlp_hidden
+            export_prepared(accelerator, self.model, self.run_dir.dir, state.model, state.dataset, extra,
+                            state.transformers_config)  # fmt: skip
         results = results_record(
             self.state,
             self.metrics,

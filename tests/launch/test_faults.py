@@ -17,45 +17,22 @@ import torch
 from accel_mnist.run import checkpoint as ckpt
 from accel_mnist.run.outputs import PREEMPTED_FILE
 from accel_mnist.training.preemption import EXIT_PREEMPTED
-from tests.helpers import CONFIGS, MNIST_DIR, REPO, final_weights, find_rank, kill_tree, metrics_rows
-
-ARGS = ["--model", "linear", "--max-steps", "120", "--checkpoint-every", "20", "--log-every", "5",
-        "--eval-every", "60", "--no-download", "--quiet", "--no-export"]  # fmt: skip
-DDP = ["--config_file", str(CONFIGS / "multi_cpu.yaml")]
-ZERO2 = ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"]
-ENV = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1"}
-
-
-def command(launch: list[str] | None, out: Path, *extra: str) -> list[str]:
-    train_args = ["train", *ARGS, "--output-dir", str(out), *extra]
-    if launch is None:
-        return [sys.executable, "-m", "accel_mnist", *train_args]
-    return [str(Path(sys.executable).with_name("accelerate")), "launch", *launch, "-m", "accel_mnist", *train_args]
-
-
-def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO)
-
-
-def start_and_wait_for(cmd: list[str], out: Path, step: int) -> tuple[subprocess.Popen, Path]:
-    """Start `cmd` in a session of its own; return once checkpoint `step` is complete."""
-    log = out.with_name(out.name + ".stderr")
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen(cmd, env=ENV, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=stderr)  # fmt: skip
-    marker = ckpt.checkpoint_dir(out) / f"step_{step}" / ckpt.STATE_FILE
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            kill_tree(proc.pid)
-            raise AssertionError(f"no checkpoint {step}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.02)
-    return proc, log
-
-
-def same_weights(a: Path, b: Path) -> None:
-    wa, wb = final_weights(a), final_weights(b)
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+from tests.helpers import (
+    ARGS,
+    CONFIGS,
+    DDP,
+    ENV,
+    REPO,
+    ZERO2,
+    command,
+    final_weights,
+    find_rank,
+    kill_tree,
+    metrics_rows,
+    run,
+    same_weights,
+    start_and_wait_for,
+)
 
 
 @pytest.mark.slow

@@ -32,8 +32,8 @@ def test_another_number_of_processes_needs_the_same_global_batch():
     with pytest.raises(UsageError, match="3 processes cannot keep it"):
         ckpt.check_compatible(saved, three.strategy, three.config, where, total_steps=40)
     zero_saved, zero_now = _state(2, 32, zero_stage=2), _state(1, 64, zero_stage=2)
-    with pytest.raises(UsageError, match="ZeRO-2 shards of 2 processes .*ds_to_universal"):
-        ckpt.check_compatible(zero_saved, zero_now.strategy, zero_now.config, where, total_steps=40)
+    # ZeRO shards are converted to DeepSpeed's universal format on load (tests/launch/test_resume_elsewhere.py).
+    ckpt.check_compatible(zero_saved, zero_now.strategy, zero_now.config, where, total_steps=40)
 
 
 @pytest.mark.parametrize("version", [1, 2])
