@@ -9,12 +9,19 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
 
+from .model_output import logits_of
+
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: Any, accelerator: Accelerator, input_dtype: torch.dtype = torch.float32
+    model: nn.Module,
+    loader: Any,
+    accelerator: Accelerator,
+    input_dtype: torch.dtype = torch.float32,
+    num_classes: int | None = None,
 ) -> dict[str, Any]:
-    """test_loss, test_accuracy, test_samples and a 10x10 confusion matrix (rows: true class).
+    """test_loss, test_accuracy, test_samples and an N x N confusion matrix (rows: true class),
+    N = `num_classes` (default: the width of the model's logits).
 
     `gather_for_metrics` drops the samples that even sharding duplicated, so exactly the
     dataset's images are counted at any world size.
@@ -22,14 +29,18 @@ def evaluate(
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)
-    confusion = torch.zeros(100, device=accelerator.device, dtype=torch.int64)
+    confusion: torch.Tensor | None = None
+    n = num_classes or 0
     for inputs, labels in loader:
-        logits = model(inputs.to(input_dtype)).float()
+        logits = logits_of(model(inputs.to(input_dtype))).float()
         logits, labels = accelerator.gather_for_metrics((logits, labels))
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").double()
-        confusion += torch.bincount(labels * 10 + logits.argmax(dim=1), minlength=100)
+        if confusion is None:
+            n = n or logits.shape[1]
+            confusion = torch.zeros(n * n, device=accelerator.device, dtype=torch.int64)
+        confusion += torch.bincount(labels * n + logits.argmax(dim=1), minlength=n * n)
     model.train(was_training)
-    confusion_matrix = confusion.view(10, 10).cpu()
+    confusion_matrix = (confusion if confusion is not None else torch.zeros(n * n, dtype=torch.int64)).view(n, n).cpu()
     count = int(confusion_matrix.sum())
     return {
         "test_loss": loss_sum.item() / count,

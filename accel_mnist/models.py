@@ -1,7 +1,9 @@
-"""Models for 28x28 grayscale, 10-class images: (N, 1, 28, 28) floats -> (N, 10) logits.
+"""Models for 28x28 grayscale images: (N, 1, 28, 28) floats -> (N, num_classes) logits.
 
-Any user `nn.Module` with that contract works with `train(config, model=...)`; the registry
-only names the built-in ones so that configs and exported models can refer to them.
+The loop builds them with the data's number of classes (10 for the MNIST family). Any user
+`nn.Module` that returns logits for the data's images (any shape, see model_output.py for what
+it may return) works with `train(config, model=...)`; the registry only names the built-in ones
+so that configs and exported models can refer to them.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from torch import nn
 
 from .errors import ConfigError
 
+INPUT_SHAPE = (1, 28, 28)  # what every built-in model takes
+
 
 class Linear(nn.Module):
     """The seed's model: one affine map from 784 pixels to 10 logits."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
-        self.fc = nn.Linear(28 * 28, 10)
+        self.fc = nn.Linear(28 * 28, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(x, 1))
@@ -29,14 +33,14 @@ class Linear(nn.Module):
 class MLP(nn.Module):
     """Fully connected net; `hidden` sets the width of each hidden layer."""
 
-    def __init__(self, hidden: tuple[int, ...] = (512, 256), dropout: float = 0.1) -> None:
+    def __init__(self, hidden: tuple[int, ...] = (512, 256), dropout: float = 0.1, num_classes: int = 10) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         width = 28 * 28
         for h in hidden:
             layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)]
             width = h
-        layers.append(nn.Linear(width, 10))
+        layers.append(nn.Linear(width, num_classes))
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,14 +50,14 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     """The network of pytorch/examples mnist/main.py (two convs, dropout, two linears)."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3, 1)
         self.conv2 = nn.Conv2d(32, 64, 3, 1)
         self.dropout1 = nn.Dropout(0.25)
         self.dropout2 = nn.Dropout(0.5)
         self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
+        self.fc2 = nn.Linear(128, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))
@@ -66,7 +70,7 @@ class CNN(nn.Module):
 class LeNet5(nn.Module):
     """LeCun et al. 1998, with ReLU and max-pooling; padding keeps 28x28 inputs at 32x32's geometry."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -75,7 +79,7 @@ class LeNet5(nn.Module):
         self.classifier = nn.Sequential(
             nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
             nn.Linear(120, 84), nn.ReLU(),
-            nn.Linear(84, 10),
+            nn.Linear(84, num_classes),
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +93,7 @@ class BNCNN(nn.Module):
     reach 99% test accuracy in about one epoch (see recipes/fast99.yaml).
     """
 
-    def __init__(self, channels: tuple[int, int, int] = (32, 64, 128)) -> None:
+    def __init__(self, channels: tuple[int, int, int] = (32, 64, 128), num_classes: int = 10) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         width = 1
@@ -98,13 +102,13 @@ class BNCNN(nn.Module):
             layers += [nn.Conv2d(width, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2)]
             width = c
         self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(width * 3 * 3, 10)  # 28 -> 14 -> 7 -> 3
+        self.fc = nn.Linear(width * 3 * 3, num_classes)  # 28 -> 14 -> 7 -> 3
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.features(x), 1))
 
 
-MODELS: dict[str, Callable[[], nn.Module]] = {
+MODELS: dict[str, Callable[..., nn.Module]] = {
     "linear": Linear,
     "mlp": MLP,
     "cnn": CNN,
@@ -113,13 +117,14 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-def build_model(name: str, mlp_hidden: str | None = None) -> nn.Module:
-    """A freshly initialised model from the registry; `mlp_hidden` ("4096,4096") sets the mlp's widths."""
+def build_model(name: str, mlp_hidden: str | None = None, num_classes: int = 10) -> nn.Module:
+    """A freshly initialised model from the registry, with `num_classes` logits; `mlp_hidden`
+    ("4096,4096") sets the mlp's widths."""
     if name not in MODELS:
         raise ConfigError(f"model: '{name}' is not one of {', '.join(MODELS)}")
     if mlp_hidden is not None:
-        return MLP(check_mlp_hidden(name, mlp_hidden))
-    return MODELS[name]()
+        return MLP(check_mlp_hidden(name, mlp_hidden), num_classes=num_classes)
+    return MODELS[name](num_classes=num_classes)
 
 
 def check_mlp_hidden(model: str, text: str) -> tuple[int, ...]:
@@ -132,9 +137,9 @@ def check_mlp_hidden(model: str, text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
-def mlp_num_parameters(hidden: tuple[int, ...]) -> int:
-    """Parameters of MLP(hidden), from its widths alone (no weights are made)."""
-    widths = (28 * 28, *hidden, 10)
+def mlp_num_parameters(hidden: tuple[int, ...], num_classes: int = 10) -> int:
+    """Parameters of MLP(hidden, num_classes=num_classes), from its widths alone (no weights are made)."""
+    widths = (28 * 28, *hidden, num_classes)
     return sum(a * b + b for a, b in zip(widths[:-1], widths[1:], strict=True))
 
 

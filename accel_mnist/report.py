@@ -126,7 +126,8 @@ def plot_training_curves(run_dirs: Sequence[str | os.PathLike], out_png: str | o
 def plot_confusion_matrix(
     matrix: Sequence[Sequence[int]], classes: Sequence[str], out_png: str | os.PathLike, title: str | None = None
 ) -> Path:
-    """Counts in each cell (rows: true class, columns: predicted), coloured by the row's share."""
+    """Counts in each cell (rows: true class, columns: predicted), coloured by the row's share;
+    beyond 30 classes the colours alone (the counts would not fit)."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -136,16 +137,19 @@ def plot_confusion_matrix(
     totals = counts.sum(axis=1, keepdims=True)
     shares = counts / np.maximum(totals, 1)
     n = len(classes)
-    fig = Figure(figsize=(1.0 + 0.7 * n, 0.6 + 0.7 * n), layout="constrained")
+    cell = 0.7 if n <= 12 else max(0.3, 9.0 / n)  # inches: 10 classes 8 in wide, 47 about 15
+    fig = Figure(figsize=(1.5 + cell * n, 1.0 + cell * n), layout="constrained")
     ax = fig.subplots()
     image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(image, ax=ax, label="share of the true class")
-    for i in range(n):
+    for i in range(n if n <= 30 else 0):
         for j in range(n):
-            ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8,
+            ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8 if n <= 12 else 5,
                     color="white" if shares[i, j] > 0.5 else "black")  # fmt: skip
-    ax.set_xticks(range(n), labels=list(classes), rotation=45 if max(map(len, classes)) > 2 else 0, ha="right")
-    ax.set_yticks(range(n), labels=list(classes))
+    small: dict[str, Any] = {} if n <= 12 else {"fontsize": 6}
+    rotation = 45 if max(map(len, classes)) > 2 else 0
+    ax.set_xticks(range(n), labels=list(classes), rotation=rotation, ha="right" if rotation else "center", **small)
+    ax.set_yticks(range(n), labels=list(classes), **small)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     total = int(counts.sum())
@@ -155,10 +159,14 @@ def plot_confusion_matrix(
 
 
 def _classes(results: dict[str, Any]) -> list[str]:
+    """The class names results.json records (older runs: the dataset's own), else 0..N-1."""
+    names, n = results.get("class_names"), len(results["confusion_matrix"])
+    if isinstance(names, list) and len(names) == n:
+        return [str(name) for name in names]  # and the drawing process need not import torch
     from .data.catalog import DATASETS
 
     spec = DATASETS.get(str(results.get("dataset", "")))
-    return list(spec.classes) if spec else [str(d) for d in range(len(results["confusion_matrix"]))]
+    return list(spec.classes) if spec else [str(d) for d in range(n)]
 
 
 def write_report(run_dir: str | os.PathLike) -> list[Path]:

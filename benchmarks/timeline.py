@@ -6,7 +6,7 @@ Runs the CLI in this process (same arguments as `accel-mnist`) and prints one JS
 `python_start` (process start to this module, from /proc), `import_cli` (importing
 accel_mnist.cli: torch, accelerate, ...), then each phase of train() with its seconds and
 calls, timed with perf_counter around accel_mnist's own functions (build_accelerator,
-load_datasets, Loaders, prewarm, prepare — which builds the first torch optimizer, and with it
+load_run_data, Loaders, prewarm, prepare — which builds the first torch optimizer, and with it
 imports torch._dynamo —, evaluate, the export, write_report), and `other` for the rest
 of train() (the steps, checkpoints, results.json). Nothing outside accel_mnist is wrapped;
 the wrappers only time the calls they pass through.
@@ -25,7 +25,7 @@ T0 = time.perf_counter()
 
 PHASES = {  # phase name: (module, attribute); the loop looks each up at call time
     "accelerator": ("accel_mnist.training.loop", "build_accelerator"),
-    "data": ("accel_mnist.training.loop", "load_datasets"),
+    "data": ("accel_mnist.training.loop", "load_run_data"),
     "loaders": ("accel_mnist.training.loop", "Loaders"),
     "prewarm": ("accel_mnist.training.loop", "prewarm"),
     "run_dir": ("accel_mnist.training.loop", "RunDir"),

@@ -1,5 +1,7 @@
-"""Bring your own data: any uint8 (N, 28, 28) images with labels 0..9 become a Hugging Face
-dataset on disk, which every accel_mnist entry point reads as `hf:PATH`.
+"""Bring your own data: any uint8 (N, 28, 28) images with labels (here 0..9; any number of
+classes works, see many_classes.py) become a Hugging Face dataset on disk, which every
+accel_mnist entry point reads as `hf:PATH`. A torch Dataset can also go to train() directly:
+torch_dataset.py.
 
     python examples/custom_dataset.py                       # build data/stripes, train on it
     # then, with any strategy:

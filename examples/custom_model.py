@@ -5,9 +5,10 @@
     accelerate launch --config_file accelerate_configs/multi_cpu.yaml examples/custom_model.py
 
 `train(config, model=...)` takes any nn.Module that maps a (B, 1, 28, 28) float batch to
-(B, 10) logits. Everything else -- data, optimizer, schedule, DDP/DeepSpeed from the accelerate
-config, metrics.jsonl/results.json -- is the same as for the built-in models. `config.model`
-is not used when a model is passed; results.json records the model's class name.
+(B, 10) logits (other shapes and classes: colour_images.py, many_classes.py). Everything else --
+data, optimizer, schedule, DDP/DeepSpeed from the accelerate config, metrics.jsonl/results.json --
+is the same as for the built-in models. `config.model` is not used when a model is passed;
+results.json records the model's class name.
 """
 
 from __future__ import annotations

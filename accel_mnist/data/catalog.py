@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -173,7 +174,5 @@ def load_datasets(
     spec = _spec(name)
     train = load_split(name, data_dir, train=True, download=download)
     test = load_split(name, data_dir, train=False, download=download)
-    return (
-        ImageTensorDataset(*train, mean=spec.mean, std=spec.std),
-        ImageTensorDataset(*test, mean=spec.mean, std=spec.std),
-    )
+    common: dict[str, Any] = {"mean": spec.mean, "std": spec.std, "class_names": spec.classes}
+    return ImageTensorDataset(*train, **common), ImageTensorDataset(*test, **common)

@@ -43,19 +43,21 @@ import torch
 from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 
-from .placement import copy_fits
+from .placement import HOLDABLE, copy_fits
 from .tensor_dataset import Normaliser
 
 __all__ = ["DeviceLoader"]
 
 
 class DeviceLoader(DataLoaderStateMixin):
-    """The whole split on `device`; yields `(x, y)`: x float32 (B, 1, 28, 28), y int64 (B,).
+    """The whole split on `device`; yields `(x, y)`: x float32 (B, C, H, W), y int64 (B,).
 
     Args:
-        images: uint8 tensor (N, 28, 28) (any (N, H, W) works), on any device.
+        images: uint8 or float32 tensor (N, H, W) (C = 1, as MNIST's (N, 28, 28)) or
+            (N, C, H, W), on any device.
         labels: int64 tensor (N,).
-        mean, std: normalisation, x = (img / 255 - mean) / std (as ImageTensorDataset).
+        mean, std: normalisation, x = (img / 255 - mean) / std, or (img - mean) / std for float
+            images (as ImageTensorDataset).
         batch_size: per-process batch size.
         shuffle: a new permutation every epoch (False: the split in order, e.g. evaluation).
         seed: epoch `e`'s order is `torch.randperm(N, generator=g)` with
@@ -91,8 +93,10 @@ class DeviceLoader(DataLoaderStateMixin):
         torch_order: bool = True,
         normalise_once: bool | None = None,
     ) -> None:
-        if images.dtype != torch.uint8:
-            raise ValueError(f"images must be uint8, got {images.dtype}")
+        if images.dtype not in HOLDABLE:
+            raise ValueError(f"images must be uint8 or float32, got {images.dtype}")
+        if images.ndim not in (3, 4):
+            raise ValueError(f"images must be (N, H, W) or (N, C, H, W), got {tuple(images.shape)}")
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         if len(images) == 0:
@@ -120,8 +124,8 @@ class DeviceLoader(DataLoaderStateMixin):
             sharers = num_processes if self.device.type == "cpu" else 1
             normalise_once = copy_fits(self.device, images.numel() * 4 * sharers)
         self.normalised_once = normalise_once
-        # (N, 1, H, W) float32 normalised, or (N, H, W) uint8.
-        self.images = self._normalise(images).unsqueeze(1) if normalise_once else images
+        # (N, C, H, W) float32 normalised, or the images as they came.
+        self.images = _with_channels(self._normalise(images)) if normalise_once else images
         self.epoch = 0
         self.position = 0  # batches of the current epoch already yielded
         self._skip = 0  # one-shot: batches to skip at the start of the next iteration
@@ -217,7 +221,7 @@ class DeviceLoader(DataLoaderStateMixin):
         # index_select, not images[idx]: the advanced-indexing path does more work per call.
         x = self.images.index_select(0, idx)
         if not self.normalised_once:
-            x = self._normalise(x).unsqueeze(1)
+            x = _with_channels(self._normalise(x))
         return x, self.labels.index_select(0, idx)
 
     def rehearse(self) -> None:
@@ -271,3 +275,8 @@ class DeviceLoader(DataLoaderStateMixin):
             f"shuffle={self.shuffle}, process={self.process_index}/{self.num_processes}, "
             f"batches={len(self)}, device={self.device})"
         )
+
+
+def _with_channels(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) -> (B, 1, H, W); (B, C, H, W) as it is."""
+    return x.unsqueeze(1) if x.ndim == 3 else x

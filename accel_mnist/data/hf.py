@@ -11,9 +11,12 @@ NAME_OR_PATH is one of
 
 The image column (a `datasets.Image`, an `Array2D` or a 2-D list of ints) and the integer label
 column (a `ClassLabel` or an int `Value`) are found by their types; `train` and `test` splits
-are required. Images are decoded to grayscale ("L") by datasets itself and must be 28x28 with
-pixel values 0..255; labels must be 0..9. Everything is converted once into the same uint8
-(N, 28, 28) / int64 tensors that the IDX path gives, so the rest of the program cannot tell.
+are required. Images are decoded to grayscale ("L") by datasets itself, or kept in colour where
+the column says so (`datasets.Image(mode="RGB")`, e.g. after `cast_column`); every image of both
+splits has the size of the first, with pixel values 0..255. The classes are the `ClassLabel`'s
+names, else 0..(the largest training label); the test labels must lie among them. Everything is
+converted once into uint8 (N, H, W) (or (N, 3, H, W)) / int64 tensors, as the IDX path gives
+them, so the rest of the program cannot tell.
 """
 
 from __future__ import annotations
@@ -26,12 +29,10 @@ import numpy as np
 import torch
 
 from ..errors import DataError, one_line
-from .tensor_dataset import ImageTensorDataset, check_label_range
+from .tensor_dataset import ImageTensorDataset, check_label_range, pixel_mean_std
 
-__all__ = ["load_hf_datasets", "find_columns", "split_to_tensors", "pixel_mean_std"]
+__all__ = ["load_hf_datasets", "hf_splits", "find_columns", "split_to_tensors", "pixel_mean_std"]
 
-SHAPE = (28, 28)
-NUM_CLASSES = 10
 SPLITS = ("train", "test")
 # Rows decoded per batch: bounds the temporary int64 copies the numpy formatter makes of array
 # columns (10000 x 784 x 8 bytes = 63 MB) while keeping per-batch overhead negligible.
@@ -60,17 +61,44 @@ def load_hf_datasets(
             f"{spec}: no {' or '.join(repr(s) for s in missing)} split "
             f"(found: {', '.join(dsdict) or 'none'}); train and test splits are needed"
         )
-    image_col, label_col = find_columns(dsdict["train"], spec)
-    train_x, train_y = split_to_tensors(dsdict["train"], image_col, label_col, f"{spec} train")
-    test_x, test_y = split_to_tensors(dsdict["test"], image_col, label_col, f"{spec} test")
-    for split, images in (("train", train_x), ("test", test_x)):
-        if len(images) == 0:
-            raise DataError(f"{spec}: the {split} split is empty")
+    return hf_splits(dsdict["train"], dsdict["test"], spec)
+
+
+def hf_splits(train: Any, test: Any, where: str) -> tuple[ImageTensorDataset, ImageTensorDataset]:
+    """Two `datasets.Dataset`s as (train, test) ImageTensorDatasets, normalised with the training
+    pixels' mean and std, with the classes of the training split (see the module doc)."""
+    image_col, label_col = find_columns(train, where)
+    train_x, train_y = split_to_tensors(train, image_col, label_col, f"{where} train")
+    if len(train_x) == 0:
+        raise DataError(f"{where}: the train split is empty")
+    shape = _decoded_shape(train_x)
+    test_x, test_y = split_to_tensors(test, image_col, label_col, f"{where} test", shape=shape)
+    if len(test_x) == 0:
+        raise DataError(f"{where}: the test split is empty")
+    names = _class_names(train, test, label_col, where)
+    num_classes = len(names) if names else max(int(train_y.max()) + 1, 1)
+    for split, labels in (("train", train_y), ("test", test_y)):
+        check_label_range(labels.numpy(), num_classes, f"{where} {split}", suffix=f" (column {label_col!r})")
     mean, std = pixel_mean_std(train_x)
-    return (
-        ImageTensorDataset(train_x, train_y, mean=mean, std=std),
-        ImageTensorDataset(test_x, test_y, mean=mean, std=std),
-    )
+    common: dict[str, Any] = {"mean": mean, "std": std, "num_classes": num_classes, "class_names": names}
+    return ImageTensorDataset(train_x, train_y, **common), ImageTensorDataset(test_x, test_y, **common)
+
+
+def _class_names(train: Any, test: Any, label_col: str, where: str) -> tuple[str, ...] | None:
+    """The ClassLabel names of the training split; the test split may not name others."""
+    from datasets import ClassLabel
+
+    feature, other = train.features[label_col], test.features.get(label_col)
+    if not isinstance(feature, ClassLabel):
+        return None
+    if isinstance(other, ClassLabel) and list(other.names) != list(feature.names):
+        raise DataError(f"{where}: the train and test splits name different classes (column {label_col!r})")
+    return tuple(str(n) for n in feature.names)
+
+
+def _decoded_shape(images: torch.Tensor) -> tuple[int, ...]:
+    """One image's shape as datasets decodes it: (H, W), or (H, W, 3) in colour."""
+    return tuple(images.shape[1:]) if images.ndim == 3 else (*images.shape[2:], images.shape[1])
 
 
 def _load(spec: str, name: str, download: bool) -> Any:
@@ -156,8 +184,11 @@ def _feature_name(feature: Any) -> str:
     return f"Value({feature.dtype})" if type(feature).__name__ == "Value" else type(feature).__name__
 
 
-def split_to_tensors(ds: Any, image_col: str, label_col: str, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One split as uint8 (N, 28, 28) images and int64 (N,) labels, validated.
+def split_to_tensors(
+    ds: Any, image_col: str, label_col: str, where: str, shape: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split as uint8 (N, H, W) images ((N, 3, H, W) for a column decoded in "RGB") and
+    int64 (N,) labels, validated; every image must have `shape` (default: the first image's).
 
     Decoding is datasets' own numpy formatter, batch by batch (for PNG-encoded images that is
     one PIL decode per image, as a hand-written PIL loop would do, and it also covers Array2D /
@@ -168,50 +199,42 @@ def split_to_tensors(ds: Any, image_col: str, label_col: str, where: str) -> tup
     for col in (image_col, label_col):
         if col not in ds.features:
             raise DataError(f"{where}: no column {col!r} (columns: {', '.join(ds.features)})")
-    if isinstance(ds.features[image_col], Image):
-        # datasets converts each decoded PIL image to "L" (RGB, palette, 1-bit...) itself;
-        # a cast of the feature only, the stored bytes are not rewritten.
-        ds = ds.cast_column(image_col, Image(mode="L"))
+    feature = ds.features[image_col]
+    if isinstance(feature, Image):
+        # datasets converts each decoded PIL image to the mode itself; a cast of the feature only,
+        # the stored bytes are not rewritten. Grayscale unless the column asks for colour.
+        ds = ds.cast_column(image_col, Image(mode="RGB" if feature.mode == "RGB" else "L"))
     n = len(ds)
-    images = np.empty((n, *SHAPE), dtype=np.uint8)
-    labels = np.empty(n, dtype=np.int64)
     view = ds.with_format("numpy", columns=[image_col, label_col])
-    if n:
-        _check_images(view[:1][image_col], where, 0)  # a wrong size fails before decoding all
+    if n == 0:
+        return torch.empty((0, *(shape or (0, 0))), dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
+    first = view[:1][image_col]
+    expected = tuple(shape or np.shape(first[0]))
+    suffix = "" if shape is None else " as in the train split"
+    _check_images(first, where, 0, expected, suffix)  # a wrong size fails before decoding all
+    colour = len(expected) == 3
+    images = np.empty((n, 3, *expected[:2]) if colour else (n, *expected), dtype=np.uint8)
+    labels = np.empty(n, dtype=np.int64)
     pos = 0
     for batch in view.iter(batch_size=BATCH):
         x, y = batch[image_col], batch[label_col]
-        _check_images(x, where, pos)
-        images[pos : pos + len(x)] = x
+        _check_images(x, where, pos, expected, suffix)
+        images[pos : pos + len(x)] = x.transpose(0, 3, 1, 2) if colour else x
         labels[pos : pos + len(y)] = y
         pos += len(x)
-    check_label_range(labels, NUM_CLASSES, where, suffix=f" (column {label_col!r})")
     return torch.from_numpy(images), torch.from_numpy(labels)
 
 
-def _check_images(x: np.ndarray, where: str, offset: int) -> None:
-    if x.dtype == object or x.shape[1:] != SHAPE:
+def _check_images(x: np.ndarray, where: str, offset: int, expected: tuple[int, ...], suffix: str = "") -> None:
+    if x.dtype == object or x.shape[1:] != expected:
         # Ragged sizes come back as an object array of per-image arrays.
         shapes = [np.shape(item) for item in x] if x.dtype == object else [x.shape[1:]] * len(x)
-        index, shape = next((i, s) for i, s in enumerate(shapes) if tuple(s) != SHAPE)
-        raise DataError(f"{where}: image {offset + index} has shape {tuple(shape)}; expected {SHAPE} grayscale")
+        index, shape = next((i, s) for i, s in enumerate(shapes) if tuple(s) != expected)
+        kind = "colour" if len(expected) == 3 else "grayscale"
+        raise DataError(f"{where}: image {offset + index} has shape {tuple(shape)}; expected {expected} {kind}{suffix}")
     if x.dtype == np.uint8 or len(x) == 0:
         return
     if x.dtype.kind not in "iuf" or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x))):
         raise DataError(f"{where}: expected 8-bit pixel values 0..255, found {x.dtype} values")
     if x.min() < 0 or x.max() > 255:
         raise DataError(f"{where}: pixel values must be 0..255, found {x.min()}..{x.max()}")
-
-
-def pixel_mean_std(images: torch.Tensor) -> tuple[float, float]:
-    """Mean and (population) std of the pixels / 255, rounded to 4 decimals.
-
-    From a 256-bin histogram: exact, and without a float copy of the images (376 MB for MNIST).
-    """
-    counts = np.bincount(images.numpy().reshape(-1), minlength=256).astype(np.float64)
-    values = np.arange(256, dtype=np.float64) / 255.0
-    total = counts.sum()
-    mean = float((counts * values).sum() / total)
-    var = float((counts * (values - mean) ** 2).sum() / total)
-    std = round(var**0.5, 4)
-    return round(mean, 4), std if std > 0 else 1.0

@@ -6,9 +6,12 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
+
 __all__ = ["DATA_LOADERS", "choose_data_loader", "copy_fits", "dataset_nbytes", "device_loader_fits"]
 
 DATA_LOADERS = ("auto", "device", "torch")
+HOLDABLE = (torch.uint8, torch.float32)  # the pixel types the device path takes
 
 
 def dataset_nbytes(dataset: Any) -> int:
@@ -60,22 +63,25 @@ def choose_data_loader(setting: str, datasets: Any, device: torch.device | str) 
     """Resolve `data_loader: auto|torch|device` to "torch" or "device".
 
     `datasets` is one split or a sequence of them; "auto" picks "device" when every split
-    exposes uint8 `images` and `labels` (ImageTensorDataset) and they fit on `device`.
-    "device" with a dataset that cannot be held raises ValueError.
+    exposes uint8 or float32 `images` and `labels` tensors (ImageTensorDataset) and they fit on
+    `device`. "device" with a dataset that cannot be held raises ConfigError (a ValueError).
     """
     if setting not in DATA_LOADERS:
-        raise ValueError(f"data_loader: '{setting}' is not one of {', '.join(DATA_LOADERS)}")
+        raise ConfigError(f"data_loader: '{setting}' is not one of {', '.join(DATA_LOADERS)}")
     if setting == "torch":
         return "torch"
     splits = datasets if isinstance(datasets, (list, tuple)) else [datasets]
     holdable = all(
-        isinstance(getattr(s, "images", None), torch.Tensor) and s.images.dtype == torch.uint8
+        isinstance(getattr(s, "images", None), torch.Tensor) and s.images.dtype in HOLDABLE
         and isinstance(getattr(s, "labels", None), torch.Tensor)
         for s in splits
     )  # fmt: skip
     if setting == "device":
         if not holdable:
-            raise ValueError("data_loader: 'device' needs uint8 image tensors (an ImageTensorDataset)")
+            raise ConfigError(
+                "data_loader: 'device' needs the images as uint8 or float32 tensors in memory; this data is "
+                "read item by item (too large to hold here, or not an ImageTensorDataset): use 'auto' or 'torch'"
+            )
         return "device"
     if holdable and device_loader_fits(device, sum(dataset_nbytes(s) for s in splits)):
         return "device"

@@ -1,9 +1,11 @@
 """Exported models: full fp32 weights in safetensors plus a small JSON config.
 
-An export is a directory holding `model.safetensors` and `model_config.json`. It is made from
-a live run (`full_state_dict` + `save_exported`) or from a checkpoint that
-`accelerator.save_state` wrote (`export_from_checkpoint`), under any strategy, and it loads
-with `load_model` in a plain process: no Accelerate, no DeepSpeed, and no pickle.
+An export is a directory holding `model.safetensors` and `model_config.json` (model, data:
+classes, image shape, normalisation), and, for a transformers model, the `config.json` that makes
+it a Hugging Face folder as well (transformers_dir.py). It is made from a live run
+(`full_state_dict` + `save_exported`) or from a checkpoint that `accelerator.save_state` wrote
+(`export_from_checkpoint`), under any strategy, and it loads with `load_model` in a plain
+process: no Accelerate, no DeepSpeed, and no pickle.
 """
 
 from __future__ import annotations
@@ -22,114 +24,47 @@ from ..errors import UsageError, one_line
 from ..files import fsync_file, json_bytes, read_json_object, writing
 from ..run.checkpoint import STATE_FILE
 from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
+from .gather import _fp32_cpu, _strip_wrapper_prefixes, full_state_dict
+from .transformers_dir import HF_CONFIG_FILE, HF_CONFIG_PLACES, hf_place, write_hf_folder
+
+__all__ = ["export_from_checkpoint", "full_state_dict", "load_model", "read_export_config", "save_exported"]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
 FORMAT_VERSION = 1
 
 
-def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tensor]:
-    """A snapshot of the full fp32 CPU weights of a prepared model, keyed as the user's module.
-
-    Call it on every process: under ZeRO-3 it gathers the shards, a collective operation.
-    """
-    from accelerate.utils import DistributedType
-
-    module = _unwrapped(accelerator, model)
-    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
-        return _deepspeed_state_dict(module)
-    if accelerator.distributed_type == DistributedType.FSDP:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        # torch's gathering, as accelerator.get_state_dict does it for FSDP2; its FSDP1 branch
-        # always offloads to the CPU, which FSDP1 refuses in one process (world size 1 turns
-        # FULL_SHARD into NO_SHARD: "offload_to_cpu=True and NO_SHARD is not supported yet").
-        # Offloaded (several processes), the full dict lands on the main process only and the
-        # others get an empty one. Under dynamo, FSDP2 wraps the compiled module ("_orig_mod.").
-        options = StateDictOptions(full_state_dict=True, cpu_offload=accelerator.num_processes > 1)
-        return _fp32_cpu(_strip_wrapper_prefixes(get_model_state_dict(model, options=options)))
-    return _fp32_cpu(module.state_dict())
-
-
 def export_prepared(
-    accelerator: Any, model: nn.Module, out_dir: Path, model_name: str, dataset: str, extra: dict[str, Any]
-) -> None:
+    accelerator: Any, model: nn.Module, out_dir: Path, model_name: str, dataset: str, extra: dict[str, Any],
+    transformers_config: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
     """Export a prepared model (call on every process): gathered where sharded, written by the
     main process; a write the storage refuses there stops every process with the same error."""
     from ..distributed.consensus import agree
 
     weights = full_state_dict(accelerator, model)
-    write = lambda: save_exported(weights, out_dir, model_name=model_name, dataset=dataset, extra=extra)  # noqa: E731
+
+    def write() -> None:
+        save_exported(weights, out_dir, model_name=model_name, dataset=dataset, extra=extra,
+                      transformers_config=transformers_config)  # fmt: skip
+
     agree(accelerator, lambda: write() if accelerator.is_main_process else None)
-
-
-def _unwrapped(accelerator: Any, model: nn.Module) -> nn.Module:
-    """What accelerator.unwrap_model(model, keep_torch_compile=False) gives, without its cost
-    where the wrapper is known: accelerate 1.15 imports deepspeed on every unwrap where it is
-    installed, to test for its engine (the export phase of benchmarks/results/h200-2026-12-01b)."""
-    from accelerate.utils import DistributedType, is_compiled_module
-
-    if not is_compiled_module(model):
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            return model.module
-        if accelerator.distributed_type == DistributedType.NO:
-            return model  # Accelerate moved it and may have wrapped its forward, nothing else
-    return accelerator.unwrap_model(model, keep_torch_compile=False)
-
-
-def _deepspeed_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    # Under fp16/bf16 the module's parameters are half precision; the fp32 master weights live,
-    # partitioned, in the ZeRO optimizer. safe_get_full_fp32_param assembles one parameter from
-    # them (an all-reduce in stages 1-2, an all-gather in stage 3) and returns None where there
-    # is none: a frozen parameter, or a model prepared without an optimizer.
-    import deepspeed
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    full: dict[int, torch.Tensor] = {}
-    params = dict(module.named_parameters(remove_duplicate=False))
-    for param in params.values():  # the same order on every rank, as collectives need
-        if id(param) in full:
-            continue  # tied weights: one collective per tensor
-        value = None
-        if hasattr(param, "_hp_mapping") or getattr(param, "_z3_optimizer", None) is not None:
-            value = safe_get_full_fp32_param(param)
-        if value is None:
-            # Stage 3 keeps even these partitioned; gathering is a no-op in stages 0-2.
-            with deepspeed.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
-                value = param.data.detach().clone()
-        full[id(param)] = value.detach().to("cpu", torch.float32)
-    buffers = dict(module.named_buffers(remove_duplicate=False))
-    state: dict[str, torch.Tensor] = {}
-    # The keys of state_dict(): parameters and persistent buffers, tied names included.
-    for key in module.state_dict().keys():
-        if key in params:
-            state[key] = full[id(params[key])]
-        elif key in buffers:
-            state[key] = _fp32_cpu({key: buffers[key]})[key]
-    return state
-
-
-def _fp32_cpu(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    # Clone: the snapshot must not change as training goes on, nor share memory between tied
-    # names (safetensors refuses shared tensors). Integer buffers keep their type.
-    out = {}
-    for key, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            continue  # get_extra_state() objects have no place in safetensors
-        dtype = torch.float32 if value.is_floating_point() else value.dtype
-        out[key] = value.detach().to("cpu", dtype, copy=True)
-    return out
 
 
 def save_exported(
     state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike, *,
     model_name: str, dataset: str, extra: dict[str, Any] | None = None,
+    transformers_config: dict[str, Any] | None = None,
 ) -> Path:  # fmt: skip
-    """Write `out_dir/model.safetensors` and `out_dir/model_config.json` (main process only).
+    """Write `out_dir/model.safetensors` and `out_dir/model_config.json` (main process only), and
+    with `transformers_config` (a config.json's contents) a Hugging Face folder: `out_dir` itself,
+    or `out_dir/hf` in a run's output directory (transformers_dir.py).
 
-    A new directory appears whole or not at all. An existing one has its two files replaced one
-    after the other; the config names the weights' sha256, so that `load_model` refuses the pair
-    a crash between the two would leave.
+    `extra` adds to or overrides the config's keys (mean, std, num_classes, class_names,
+    input_shape, step); mean and std default to the dataset's own constants.
+    A new directory appears whole or not at all. An existing one has its files replaced one
+    after the other, model_config.json last; it names the weights' sha256, so that `load_model`
+    refuses the set a crash in between would leave.
     """
     from safetensors.torch import save_file
 
@@ -140,6 +75,8 @@ def save_exported(
         spec = DATASETS[dataset]
     elif dataset.startswith("hf:"):
         spec = DATASETS["mnist"]  # Hugging Face copies of MNIST; extra may give other constants
+    elif "mean" in extra and "std" in extra:
+        spec = None  # the caller's own data, with the constants it trained with
     else:
         raise UsageError(f"cannot export: unknown dataset {dataset!r} (choose one of: {', '.join(DATASETS)}, hf:NAME)")
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
@@ -153,16 +90,23 @@ def save_exported(
             save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
             config = {
                 "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
-                "mean": spec.mean, "std": spec.std, "format_version": FORMAT_VERSION,
-                "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
+                "mean": spec.mean if spec else None, "std": spec.std if spec else None,
+                "format_version": FORMAT_VERSION, "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
             }  # fmt: skip
+            sub = hf_place(out_dir) if transformers_config else ""
+            if transformers_config:
+                config["transformers_config"] = f"{sub}/{HF_CONFIG_FILE}" if sub else HF_CONFIG_FILE
+                write_hf_folder(tmp, sub, transformers_config, WEIGHTS_FILE, (CONFIG_FILE, config))
             (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
             for name in (WEIGHTS_FILE, CONFIG_FILE):
                 fsync_file(tmp / name)
             if out_dir.is_dir() and any(out_dir.iterdir()):
                 # Other files may share the directory (a run's results, say): replace only ours,
-                # the weights first, since the config is what vouches for them.
-                for name in (WEIGHTS_FILE, CONFIG_FILE):
+                # model_config.json last, since it is what vouches for the weights.
+                hf = [sub or HF_CONFIG_FILE] if transformers_config else []
+                for name in (WEIGHTS_FILE, *hf, CONFIG_FILE):
+                    if (tmp / name).is_dir() and (out_dir / name).exists():
+                        os.replace(out_dir / name, tmp / f".old-{name}")  # a folder cannot replace a folder
                     os.replace(tmp / name, out_dir / name)
             else:
                 os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
@@ -196,6 +140,7 @@ def export_from_checkpoint(
     config = state.get("config")
     if not isinstance(config, dict) or not isinstance(config.get("dataset"), str):
         raise UsageError(f"{ckpt / STATE_FILE}: no training config with a dataset (key 'config')")
+    hf = state.get("transformers_config")
     # A user-defined model is trained under a registry name in the config; the checkpoint
     # writer records the class name at the top level.
     model_name = state.get("model") or config.get("model")
@@ -203,33 +148,52 @@ def export_from_checkpoint(
         raise UsageError(f"{ckpt / STATE_FILE}: no model name")
 
     weights = _fp32_cpu(_strip_wrapper_prefixes(checkpoint_weights(ckpt, trust_checkpoint)))
-    from ..models import MODELS
-
-    if model_name in MODELS:  # fail now, not at load time, if the name does not fit the weights
-        where = f"{ckpt}: the checkpoint's weights"
-        _check_fits(_registry_model(model_name, config, weights, where), weights, where, model_name)
-    extra = {"step": state.get("step")}
+    extra: dict[str, Any] = {"step": state.get("step")}
     if model_name == "mlp" and config.get("mlp_hidden") is not None:
         extra["mlp_hidden"] = config["mlp_hidden"]
-    for key in ("mean", "std"):  # a run on other data may record its own constants
-        if key in state:
-            extra[key] = state[key]
-    return save_exported(weights, out_dir, model_name=model_name, dataset=config["dataset"], extra=extra)
+    # A run records its data's constants and classes (older checkpoints: mean and std only).
+    extra.update((k, state[k]) for k in ("mean", "std", "num_classes", "class_names", "input_shape") if k in state)
+    # Fail now, not at load time, if the model does not fit the weights.
+    _fresh_model(ckpt / STATE_FILE, {"model": model_name, **extra}, hf, weights, f"{ckpt}: the checkpoint's weights")
+    dataset = state.get("dataset") or config["dataset"]
+    return save_exported(
+        weights, out_dir, model_name=model_name, dataset=dataset, extra=extra,
+        transformers_config=hf if isinstance(hf, dict) else None,
+    )  # fmt: skip
 
 
-def _strip_wrapper_prefixes(state: dict[str, Any]) -> dict[str, Any]:
-    # save_state keeps the model from before DDP wrapped it, so keys come unprefixed; this is
-    # for weights saved from a wrapper ("module." of DDP, "_orig_mod." of torch.compile).
-    for prefix in ("module.", "_orig_mod."):
-        while state and all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix) :]: v for k, v in state.items()}
-    return state
+def _fresh_model(
+    where: Path, config: dict[str, Any], hf: Any, weights: dict[str, torch.Tensor], fits: str
+) -> nn.Module | None:
+    """A fresh model of the registry's (sized to the classes) or of transformers' (from its
+    config.json contents `hf`, read from `where`), as `config` describes it, checked against
+    `weights` first on the meta device: a few bytes of config never make a model larger than its
+    weights. None for a module of the caller's own."""
+    from ..models import MODELS
+
+    name = config["model"]
+    if name in MODELS:
+
+        def build() -> nn.Module:
+            return _registry_model(name, config, weights, fits)
+    elif isinstance(hf, dict):
+        from .transformers_dir import build_from_config
+
+        def build() -> nn.Module:
+            return build_from_config(hf, str(where))
+    else:
+        return None
+    with torch.device("meta"):
+        _check_fits(build(), weights, fits, name)
+    return build()
 
 
 def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Module:
     """The exported model in `path`, on CPU in eval mode; weights are read with safetensors only.
 
-    `model` is required for a user-defined model (one not in the registry) and gets the weights.
+    A registry model is built with the export's number of classes, a transformers model from its
+    config.json; `model` is required for any other module (one of the caller's own) and gets the
+    weights.
     """
     from ..models import MODELS
 
@@ -238,12 +202,12 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
         raise UsageError(f"{path}: no such exported model directory")
     config = read_export_config(path)
     name = config["model"]
-    if model is None:
-        if name not in MODELS:
-            raise UsageError(
-                f"{path / CONFIG_FILE}: model {name!r} is not in the registry ({', '.join(MODELS)}); "
-                "pass the module: load_model(path, model=...)"
-            )
+    hf = config.get("transformers_config")
+    if model is None and name not in MODELS and not hf:
+        raise UsageError(
+            f"{path / CONFIG_FILE}: model {name!r} is not in the registry ({', '.join(MODELS)}); "
+            "pass the module: load_model(path, model=...)"
+        )
     weights_file = path / WEIGHTS_FILE
     if not weights_file.is_file():
         raise UsageError(f"{weights_file}: missing (an export holds {WEIGHTS_FILE} and {CONFIG_FILE})")
@@ -254,7 +218,10 @@ def load_model(path: str | os.PathLike, model: nn.Module | None = None) -> nn.Mo
         )
     weights = read_safetensors(weights_file)
     if model is None:
-        model = _registry_model(name, config, weights, f"{weights_file}: the weights")
+        where = path / hf if hf else path / CONFIG_FILE
+        raw = _read_json(where, "a transformers model's config") if hf else None
+        model = _fresh_model(where, config, raw, weights, f"{weights_file}: the weights")
+        assert model is not None  # a registry name or a transformers config (checked above)
     model = model.to("cpu")
     _check_fits(model, weights, f"{weights_file}: the weights", name)
     try:
@@ -269,13 +236,13 @@ def _registry_model(name: str, config: dict[str, Any], weights: dict[str, torch.
     weights hold as many elements: a file's few bytes never make a model larger than its weights."""
     from ..models import MLP, build_model, check_mlp_hidden, mlp_num_parameters
 
-    widths = config.get("mlp_hidden") if name == "mlp" else None
+    widths, classes = config.get("mlp_hidden") if name == "mlp" else None, config.get("num_classes", 10)
     if widths is None:
-        return build_model(name)
+        return build_model(name, num_classes=classes)
     hidden = check_mlp_hidden(name, widths)
-    if mlp_num_parameters(hidden) != sum(w.numel() for w in weights.values()):
+    if mlp_num_parameters(hidden, classes) != sum(w.numel() for w in weights.values()):
         raise UsageError(f"{where} do not fit model 'mlp' with mlp_hidden {widths}")
-    return MLP(hidden)
+    return MLP(hidden, num_classes=classes)
 
 
 def read_export_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -288,6 +255,18 @@ def read_export_config(path: str | os.PathLike) -> dict[str, Any]:
     for key, kind in (("model", str), ("dataset", str), ("mean", (int, float)), ("std", (int, float))):
         if not isinstance(config.get(key), kind) or isinstance(config.get(key), bool):
             raise UsageError(f"{file}: missing or invalid {key!r}")
+    # Optional (exports before them were of 10 classes of 1x28x28 images, unnamed).
+    classes, names, shape = config.get("num_classes", 10), config.get("class_names"), config.get("input_shape")
+    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+        raise UsageError(f"{file}: invalid 'num_classes' {classes!r}")
+    if names is not None and not (isinstance(names, list) and len(names) == classes
+                                  and all(isinstance(n, str) for n in names)):  # fmt: skip
+        raise UsageError(f"{file}: 'class_names' must be {classes} names")
+    if shape is not None and not (isinstance(shape, list) and len(shape) == 3
+                                  and all(isinstance(d, int) and d > 0 for d in shape)):  # fmt: skip
+        raise UsageError(f"{file}: 'input_shape' must be [channels, height, width]")
+    if config.get("transformers_config") not in (None, *HF_CONFIG_PLACES):
+        raise UsageError(f"{file}: 'transformers_config' must be one of {', '.join(HF_CONFIG_PLACES)}")
     return config
 
 

@@ -34,7 +34,8 @@ def evaluate_exported(
     batch_size: int = 1000,
 ) -> dict[str, Any]:  # fmt: skip
     """test_loss, test_accuracy, test_samples (and the confusion matrix) of the exported model in
-    `path` on the test split of `dataset` (default: the one it was trained on).
+    `path` on the test split of `dataset` (default: the one it was trained on, where that is a
+    dataset by name: data passed to train() has none).
 
     Runs on the available device, and shards the test set under `accelerate launch`; every
     process gets the same numbers, over exactly the test set's records.
@@ -51,6 +52,8 @@ def evaluate_exported(
         raise UsageError(f"--batch-size: must be >= 1, got {batch_size}")
     model = load_model(path)
     config = read_export_config(path)
+    if dataset is None and config["dataset"].startswith("own:"):
+        raise UsageError(f"{path} was trained on data passed to train() ({config['dataset'][4:]}); give --dataset")
     dataset = dataset or config["dataset"]
     if dataset.startswith("hf:"):  # Hugging Face data comes in (train, test) pairs
         test = load_datasets(dataset, data_dir, download=False)[1]
@@ -59,13 +62,14 @@ def evaluate_exported(
         images, labels = load_split(dataset, data_dir, train=False, download=False)
     # The model's own normalisation, whatever the data: it is what its weights expect.
     test_set = ImageTensorDataset(images, labels, mean=config["mean"], std=config["std"])
+    _check_data_fits(path, config, dataset, test_set)
     loader = torch.utils.data.DataLoader(test_set, batch_size=batch_size, shuffle=False)
     # The project's builder: it joins CPU processes of a launch in one process group.
     accelerator = build_accelerator(TrainConfig(batch_size=batch_size, eval_batch_size=batch_size))
     model, loader = accelerator.prepare(model, loader)
     try:
         # Under DeepSpeed fp16/bf16 the prepared weights are half precision, and so must inputs be.
-        return evaluate(model, loader, accelerator, next(model.parameters()).dtype)
+        return evaluate(model, loader, accelerator, next(model.parameters()).dtype, config.get("num_classes", 10))
     finally:
         # The Accelerator keeps the prepared DDP model in reference cycles that may outlive the
         # process group; a gloo worker that frees it at exit sometimes aborts ("terminate called
@@ -73,14 +77,27 @@ def evaluate_exported(
         accelerator.free_memory(model, loader)
 
 
+def _check_data_fits(path: Any, config: dict[str, Any], dataset: str, test_set: Any) -> None:
+    """The test set's images and labels must be ones the exported model can take."""
+    shape, classes = config.get("input_shape", [1, 28, 28]), config.get("num_classes", 10)
+    if list(test_set.input_shape) != list(shape):
+        have = "x".join(map(str, test_set.input_shape))
+        raise UsageError(f"{path} takes {'x'.join(map(str, shape))} images but {dataset} has {have}")
+    if len(test_set.labels) and int(test_set.labels.max()) >= classes:
+        raise UsageError(f"{path} knows {classes} classes but {dataset} has label {int(test_set.labels.max())}")
+
+
 def predict_files(
-    model: nn.Module, paths: Sequence[str | os.PathLike], mean: float, std: float
-) -> list[tuple[str, int, float]]:
+    model: nn.Module, paths: Sequence[str | os.PathLike], mean: float, std: float,
+    input_shape: Sequence[int] = (1, 28, 28),
+) -> list[tuple[str, int, float]]:  # fmt: skip
     """(name, predicted class, its probability) for each image file, and for each record of an
-    IDX image file (named `path[i]`)."""
+    IDX image file (named `path[i]`); pictures are brought to `input_shape` (C, H, W), the
+    model's: grayscale for one channel, RGB for three."""
     import torch
 
     from ..data.tensor_dataset import Normaliser
+    from ..model_output import logits_of
 
     model.eval()
     device = next(model.parameters()).device
@@ -89,15 +106,15 @@ def predict_files(
     for path in map(Path, paths):
         image = _open_image(path)
         if image is not None:
-            names, batches = [str(path)], [_image_tensor(image, mean, std).unsqueeze(0)]
+            names, batches = [str(path)], [_image_tensor(image, mean, std, input_shape).unsqueeze(0)]
         else:
-            records = _read_idx_images(path)
+            records = _read_idx_images(path, input_shape)
             names = [f"{path}[{i}]" for i in range(len(records))]
             normalise = Normaliser(mean, std)
             batches = (normalise(records[i : i + _IDX_CHUNK]).unsqueeze(1) for i in range(0, len(records), _IDX_CHUNK))
         with torch.no_grad():
             for batch, start in zip(batches, range(0, len(names), _IDX_CHUNK), strict=True):
-                probs = model(batch.to(device)).float().softmax(dim=1).cpu()
+                probs = logits_of(model(batch.to(device))).float().softmax(dim=1).cpu()
                 best, digits = probs.max(dim=1)
                 chunk = names[start : start + len(batch)]
                 results += [(n, int(d), float(p)) for n, d, p in zip(chunk, digits, best, strict=True)]
@@ -134,8 +151,9 @@ def _open_image(path: Path) -> Any:
                 raise UsageError(f"{path}: cannot decode image ({one_line(e)})") from None
 
 
-def _image_tensor(image: Any, mean: float, std: float) -> torch.Tensor:
-    """A (1, 28, 28) normalised tensor in MNIST's form: a white digit on black."""
+def _image_tensor(image: Any, mean: float, std: float, input_shape: Sequence[int] = (1, 28, 28)) -> torch.Tensor:
+    """A (C, H, W) normalised tensor of `input_shape`: grayscale in MNIST's form (a white digit
+    on black) for one channel, RGB as it is for three."""
     import numpy as np
     import torch
     from PIL import Image
@@ -152,17 +170,24 @@ def _image_tensor(image: Any, mean: float, std: float) -> torch.Tensor:
         # the picture on white paper first, as if printed.
         rgba = image.convert("RGBA")
         image = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
-    # Stretched to 28x28 rather than cropped, so that a digit filling its picture keeps every
-    # stroke; MNIST's centring of the digit in a 20x20 box is not redone.
-    gray = np.asarray(image.convert("L").resize((28, 28), Image.Resampling.LANCZOS), dtype=np.uint8)
+    channels, height, width = input_shape
+    # Stretched to the model's size rather than cropped, so that a digit filling its picture
+    # keeps every stroke; MNIST's centring of the digit in a 20x20 box is not redone.
+    size = (width, height)
+    if channels == 3:
+        rgb = np.asarray(image.convert("RGB").resize(size, Image.Resampling.LANCZOS), dtype=np.uint8)
+        return Normaliser(mean, std)(torch.from_numpy(rgb.transpose(2, 0, 1).copy()))
+    if channels != 1:
+        raise UsageError(f"pictures become 1 (grayscale) or 3 (RGB) channels; this model takes {channels}")
+    gray = np.asarray(image.convert("L").resize(size, Image.Resampling.LANCZOS), dtype=np.uint8)
     if gray.mean() > 127:
         # A bright picture is dark ink on paper, the opposite of MNIST's white on black.
         gray = 255 - gray
     return Normaliser(mean, std)(torch.from_numpy(gray.copy())).unsqueeze(0)
 
 
-def _read_idx_images(path: Path) -> torch.Tensor:
-    """(N, 28, 28) uint8 records of an IDX image file; UsageError for anything else."""
+def _read_idx_images(path: Path, input_shape: Sequence[int] = (1, 28, 28)) -> torch.Tensor:
+    """(N, H, W) uint8 records of an IDX image file, (H, W) the model's; UsageError for anything else."""
     import numpy as np
     import torch
 
@@ -172,11 +197,14 @@ def _read_idx_images(path: Path) -> torch.Tensor:
         head = f.read(2)
     if head not in _IDX_OR_GZIP_MAGIC:
         raise UsageError(f"{path}: not an image ({', '.join(IMAGE_FORMATS)}) or IDX file")
-    # Streamed and bounded: refused from its header unless (N, 28, 28) within the size cap.
-    records = read_idx(path, shape=(None, 28, 28))  # a DataError names the file and the problem
-    if records.ndim != 3 or records.shape[1:] != (28, 28) or records.dtype != np.uint8:
+    channels, height, width = input_shape
+    if channels != 1:
+        raise UsageError(f"{path}: IDX files hold grayscale images; this model takes {channels} channels")
+    # Streamed and bounded: refused from its header unless (N, H, W) within the size cap.
+    records = read_idx(path, shape=(None, height, width))  # a DataError names the file and the problem
+    if records.ndim != 3 or records.shape[1:] != (height, width) or records.dtype != np.uint8:
         raise UsageError(
-            f"{path}: expected IDX images of shape (N, 28, 28) uint8, found {records.shape} {records.dtype}"
+            f"{path}: expected IDX images of shape (N, {height}, {width}) uint8, found {records.shape} {records.dtype}"
         )
     return torch.from_numpy(records)
 
@@ -236,6 +264,9 @@ def _predict_command(args: argparse.Namespace) -> int:
 
     model = load_model(args.model_path)
     config = read_export_config(args.model_path)
-    for name, digit, probability in predict_files(model, args.images, config["mean"], config["std"]):
-        print(f"{name}\t{digit}\t{probability:.4f}")
+    shape, names = config.get("input_shape", [1, 28, 28]), config.get("class_names")
+    for name, label, probability in predict_files(model, args.images, config["mean"], config["std"], shape):
+        # A class's name where the data named them (one line per image, whatever the name holds).
+        shown = " ".join(names[label].split()) if names else str(label)
+        print(f"{name}\t{shown}\t{probability:.4f}")
     return 0

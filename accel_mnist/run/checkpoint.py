@@ -51,10 +51,17 @@ class TrainState:
     strategy: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     # What `accel-mnist export` needs to rebuild the model: the registry name (or the class
-    # name of a user's module) and the normalisation the model was trained with.
+    # name of a user's module), the normalisation and the data it was trained with, and a
+    # transformers model's config.json.
     model: str = ""
     mean: float = 0.0
     std: float = 1.0
+    dataset: str = ""  # the config's, or a label for data passed to train()
+    num_classes: int = 10
+    class_names: list[str] | None = None
+    input_shape: list[int] = field(default_factory=lambda: [1, 28, 28])
+    train_samples: int = 0  # 0: not recorded (older checkpoints)
+    transformers_config: dict[str, Any] | None = None
 
 
 def checkpoint_dir(output_dir: str | Path) -> Path:
@@ -150,9 +157,11 @@ def read_state(path: Path) -> TrainState:
 
 
 def check_compatible(
-    saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path, total_steps: int
-) -> None:
-    """Refuse to resume into a run that would silently mean something else."""
+    saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path, total_steps: int,
+    data: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """Refuse to resume into a run that would silently mean something else (`data`: this run's
+    TrainState fields of its data, num_classes, class_names, input_shape, train_samples)."""
     if saved.step >= total_steps:
         raise UsageError(f"{path} is already at step {saved.step} of {total_steps}: nothing left to train")
     if config.get("scheduler") in ("onecycle", "cosine") and saved.total_steps not in (0, total_steps):
@@ -173,6 +182,11 @@ def check_compatible(
             raise UsageError(
                 f"{path} was saved with {key}={saved.config.get(key)!r} but this run has {key}={config.get(key)!r}"
             )
+    for key, now in (data or {}).items():
+        was = getattr(saved, key)
+        unrecorded = (key == "train_samples" and not was) or (key == "class_names" and was is None)
+        if not unrecorded and was != now:
+            raise UsageError(f"{path} was trained on data with {key}={was!r} but this run's data has {now!r}")
 
 
 def _check_world(saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path) -> None:

@@ -18,13 +18,17 @@ from torch.utils.data import DataLoader
 from ..config import TrainConfig
 from ..data.device_loader import DeviceLoader
 from ..data.placement import choose_data_loader
+from ..distributed.consensus import agree
 
 
 class Loaders:
     """Training and evaluation batches for this process, whichever path holds the data."""
 
     def __init__(self, train_set: Any, test_set: Any, config: TrainConfig, accelerator: Accelerator) -> None:
-        kind = choose_data_loader(config.data_loader, [train_set, test_set], accelerator.device)
+        # Agreed: "device" for data one rank could not hold stops every rank with its error.
+        kind = agree(
+            accelerator, lambda: choose_data_loader(config.data_loader, [train_set, test_set], accelerator.device)
+        )
         # Each process judges "fits" by its own device's free memory, but all must take the same
         # path: the torch path's loaders synchronise RNG states, a collective the other lacks.
         votes = accelerator.gather(torch.tensor([kind == "device"], device=accelerator.device))

@@ -20,19 +20,19 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
-from ..data.catalog import load_datasets
 from ..distributed import consensus
 from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.step import MicroStep
 from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
-from ..models import build_model, num_parameters
+from ..model_output import logits_of
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
 from ..versions import versions
 from .cadence import Cadence
 from .clock import TrainingClock
+from .inputs import OwnData, load_run_data, model_for, record, run_facts
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
@@ -40,8 +40,20 @@ from .prewarm import prewarm
 from .records import metrics_row, results_record
 
 
-def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_background: bool = False) -> dict[str, Any]:
-    """Train `model` (default: the registry's `config.model`) and return results.json's fields.
+def train(
+    config: TrainConfig,
+    model: nn.Module | None = None,
+    *,
+    train_data: Any = None,
+    test_data: Any = None,
+    mean: float | None = None,
+    std: float | None = None,
+    plots_in_background: bool = False,
+) -> dict[str, Any]:
+    """Train `model` (default: the registry's `config.model`, sized to the data's classes) on
+    `config.dataset`, or on `train_data` and `test_data` (torch or Hugging Face Datasets, see
+    data/own.py), and return results.json's fields. `mean`/`std`: normalise with these instead
+    of the training pixels' own. What the model may return: model_output.py.
 
     Runs unchanged on CPU, one or several GPUs, DDP, DeepSpeed ZeRO 1-3 and FSDP: the strategy
     comes from the accelerate config of the launch (`accelerate launch --config_file ...`), or
@@ -50,13 +62,14 @@ def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_backg
     CLI's choice, so that a command does not wait for matplotlib), by a process of their own.
     """
     start = time.perf_counter()
+    own = OwnData(train_data, test_data, mean, std)
     try:
         accelerator = build_accelerator(config, announce=True)
     except UsageError as e:  # from the launch's settings, which every process reads alike
         raise on_every_rank(e) from None
     try:
         with StopSignals() as stop, RunDir(accelerator, config) as run_dir:
-            run = start_run(accelerator, config, model, stop, run_dir)
+            run = start_run(accelerator, config, model, stop, run_dir, own)
             if isinstance(run, dict):  # a finished run's results: nothing to train
                 return run
             run.fit()
@@ -67,7 +80,12 @@ def train(config: TrainConfig, model: nn.Module | None = None, *, plots_in_backg
 
 
 def start_run(
-    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, stop: StopSignals, run_dir: RunDir
+    accelerator: Accelerator,
+    config: TrainConfig,
+    model: nn.Module | None,
+    stop: StopSignals,
+    run_dir: RunDir,
+    own: OwnData,
 ) -> TrainingRun | dict[str, Any]:
     """Check everything on every rank, then open the output directory and prepare the objects;
     a finished run's results instead where `output_dir` holds one."""
@@ -80,25 +98,27 @@ def start_run(
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
 
-    set_seed(config.seed)
     with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
-        train_set, test_set = load_datasets(config.dataset, config.data_dir, download=config.download)
+        run_data = load_run_data(config, own)
+    set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
     model_name = config.model if model is None else type(model).__name__
-    model = build_model(config.model, config.mlp_hidden) if model is None else model
+    model = model_for(accelerator, config, model, run_data)
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
-    state.model, state.mean, state.std = model_name, train_set.mean, train_set.std
-    data = Loaders(train_set, test_set, config, accelerator)
+    data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
     if resume:
-        saved, where, settings = state, resume, config.to_dict()
-        consensus.agree(accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps))
+        saved, where, settings, described = state, resume, config.to_dict(), run_data.state_fields
+        consensus.agree(
+            accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps, described)
+        )
         state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
+    record(state, model_name, model, run_data)
     check_model(accelerator, model)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     run_dir.open(plan)
@@ -106,9 +126,7 @@ def start_run(
         hparams = {k: "none" if v is None else v for k, v in state.config.items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
     facts = {
-        "model": model_name,
-        "dataset": config.dataset,
-        "num_parameters": num_parameters(model),
+        **run_facts(state, model),
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
         **strategy,
         "data_loader": data.kind,
@@ -117,8 +135,10 @@ def start_run(
     }
     if config.prewarm:
         rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
-        per_process = len(train_set) // accelerator.num_processes
-        facts["prewarm_seconds"] = prewarm(model, config, accelerator.device, per_process, rehearsals)
+        per_process = len(run_data.train) // accelerator.num_processes
+        facts["prewarm_seconds"] = prewarm(
+            model, config, accelerator.device, per_process, rehearsals, state.input_shape
+        )
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
     model, optimizer, scheduler = prepare(
         accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume), saved_strategy
@@ -127,21 +147,9 @@ def start_run(
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {state.step}")
-    return TrainingRun(
-        accelerator,
-        config,
-        stop,
-        run_dir,
-        state,
-        data,
-        model,
-        optimizer,
-        scheduler,
-        Cadence.of(config, state.total_steps),
-        steps_per_epoch,
-        facts,
-        memory,
-    )
+    cadence = Cadence.of(config, state.total_steps)
+    return TrainingRun(accelerator, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
+                       steps_per_epoch, facts, memory)  # fmt: skip
 
 
 @dataclass
@@ -232,7 +240,7 @@ class TrainingRun:
         """Forward, backward and (at the end of an accumulation) the optimizer step of one micro-batch."""
         accelerator, state = self.accelerator, self.state
         with self.micro.accumulate():
-            loss = F.cross_entropy(self.model(inputs.to(self.input_dtype)).float(), labels)
+            loss = F.cross_entropy(logits_of(self.model(inputs.to(self.input_dtype))).float(), labels)
             self.micro.backward(loss)
             if self.config.max_grad_norm is not None and accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
@@ -263,7 +271,7 @@ class TrainingRun:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
         accelerator, state = self.accelerator, self.state
         self.memory.count(at_rest=True)  # between steps: before evaluating gathers ZeRO-3's parameters
-        evaluation = evaluate(self.model, self.data.test, accelerator, self.input_dtype)
+        evaluation = evaluate(self.model, self.data.test, accelerator, self.input_dtype, self.state.num_classes)
         self.confusion_matrix = evaluation.pop("confusion_matrix")
         loss_sum = accelerator.reduce(self.losses.total(), "sum").item()
         train_loss = loss_sum / max(state.loss_count * accelerator.num_processes, 1)
@@ -307,10 +315,14 @@ class TrainingRun:
         if config.export:
             from ..export.model_dir import export_prepared
 
-            extra: dict[str, Any] = {"mean": self.state.mean, "std": self.state.std, "step": self.state.step}
-            if config.mlp_hidden is not None and self.facts["model"] == "mlp":
+            state = self.state
+            extra: dict[str, Any] = {"mean": state.mean, "std": state.std, "step": state.step,
+                                     "num_classes": state.num_classes, "class_names": state.class_names,
+                                     "input_shape": state.input_shape}  # fmt: skip
+            if config.mlp_hidden is not None and state.model == "mlp":
                 extra["mlp_hidden"] = config.mlp_hidden
-            export_prepared(accelerator, self.model, self.run_dir.dir, self.facts["model"], config.dataset, extra)
+            export_prepared(accelerator, self.model, self.run_dir.dir, state.model, state.dataset, extra,
+                            state.transformers_config)  # fmt: skip
         results = results_record(
             self.state,
             self.metrics,

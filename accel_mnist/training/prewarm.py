@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import TrainConfig
+from ..model_output import logits_of
 
 
 def prewarm(
@@ -26,13 +27,15 @@ def prewarm(
     device: torch.device,
     train_samples: int = 0,
     rehearsals: Sequence[Callable[[], object]] = (),
+    input_shape: Sequence[int] = (1, 28, 28),
 ) -> float:
     """One step on a copy of `model` per training batch shape; returns the seconds it took.
 
     `train_samples` (per process) adds the epoch's last, smaller batch: a new shape makes cuDNN
     choose its kernels again at each epoch end. `rehearsals` run the loop's own per-step tensor
     work once on scratch data (assembling a batch, the loss bookkeeping): CUDA loads each kernel
-    on its first launch (both measured in benchmarks/results/h200-2026-12-01b).
+    on its first launch (both measured in benchmarks/results/h200-2026-12-01b). `input_shape`:
+    one sample's (C, H, W).
     """
     from ..optim import build_optimizer
 
@@ -42,15 +45,15 @@ def prewarm(
         twin = copy.deepcopy(model).to(device).train()
         optimizer = build_optimizer(twin, config)
         for size in sorted({config.batch_size, train_samples % config.batch_size} - {0}, reverse=True):
-            inputs = torch.zeros(size, 1, 28, 28, device=device)
+            inputs = torch.zeros(size, *input_shape, device=device)
             labels = torch.zeros(size, dtype=torch.long, device=device)
-            F.cross_entropy(twin(inputs).float(), labels).backward()
+            F.cross_entropy(logits_of(twin(inputs)).float(), labels).backward()
             optimizer.step()
             optimizer.zero_grad()
         for rehearse in rehearsals:
             rehearse()
         twin.eval()
         with torch.no_grad():  # and the evaluation's shape, whose time the clock leaves out anyway
-            twin(torch.zeros(config.eval_batch_size, 1, 28, 28, device=device)).sum().item()
+            logits_of(twin(torch.zeros(config.eval_batch_size, *input_shape, device=device))).sum().item()
     del twin, optimizer
     return time.perf_counter() - start

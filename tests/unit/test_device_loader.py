@@ -347,7 +347,7 @@ def test_choose_data_loader():
 def test_rejects_bad_arguments():
     images, labels = random_images(10)
     with pytest.raises(ValueError):
-        DeviceLoader(images.float(), labels, MEAN, STD, 4, shuffle=True)
+        DeviceLoader(images.double(), labels, MEAN, STD, 4, shuffle=True)
     with pytest.raises(ValueError):
         DeviceLoader(images, labels[:5], MEAN, STD, 4, shuffle=True)
     with pytest.raises(ValueError):

@@ -1,0 +1,144 @@
+"""What a run trains on, and what with: the data (the config's dataset, or the caller's own
+splits), the model (the registry's, sized to the data's classes, or the caller's), and the
+checks that the one takes the other, made before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from ..config import TrainConfig
+from ..data.catalog import load_datasets
+from ..data.own import own_datasets
+from ..distributed.consensus import agree
+from ..errors import UsageError, one_line
+from ..model_output import logits_of
+from ..models import INPUT_SHAPE, build_model, num_parameters
+from ..run.checkpoint import TrainState
+
+
+@dataclass(frozen=True)
+class OwnData:
+    """What the caller passed to train() besides the config: splits and normalisation, if any."""
+
+    train: Any = None
+    test: Any = None
+    mean: float | None = None
+    std: float | None = None
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Both splits, ready for the loaders, and what the run records about them."""
+
+    train: Any
+    test: Any
+    name: str  # the config's dataset, or "own:<class>" for the caller's splits
+
+    @property
+    def state_fields(self) -> dict[str, Any]:
+        """The TrainState fields that describe the data (checked on resume, recorded in exports)."""
+        names = self.train.class_names
+        return {
+            "num_classes": self.train.num_classes,
+            "class_names": list(names) if names is not None else None,
+            "input_shape": list(self.train.input_shape),
+            "train_samples": len(self.train),
+        }
+
+
+def load_run_data(config: TrainConfig, own: OwnData) -> RunData:
+    """The run's data: `own`'s splits where given, else the config's dataset (with `own`'s mean
+    and std where given)."""
+    if own.train is None and own.test is None:
+        train, test = load_datasets(config.dataset, config.data_dir, download=config.download)
+        if own.mean is not None or own.std is not None:
+            train, test = own_datasets(train, test, mean=own.mean, std=own.std)
+        return RunData(train, test, config.dataset)
+    # Every process on this host holds a copy of its own.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    train, test = own_datasets(
+        own.train, own.test, data_loader=config.data_loader, local_processes=local,
+        num_workers=config.num_workers, mean=own.mean, std=own.std,
+    )  # fmt: skip
+    return RunData(train, test, f"own:{type(own.train).__name__}")
+
+
+def model_for(accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, data: RunData) -> nn.Module:
+    """`model`, checked on a batch of the data, or the registry's `config.model` sized to its classes."""
+    shape = tuple(data.train.input_shape)
+    if model is None:
+        if shape != INPUT_SHAPE:
+            raise UsageError(
+                f"model {config.model!r} takes {_dims(INPUT_SHAPE)} images but {data.name} has {_dims(shape)}; "
+                "pass a model that takes them: train(config, model=...)"
+            )
+        return build_model(config.model, config.mlp_hidden, data.train.num_classes)
+    agree(accelerator, lambda: check_takes(model, data))
+    return model
+
+
+def check_takes(model: nn.Module, data: RunData) -> None:
+    """A one-line UsageError unless `model` maps two training images to logits of the data's
+    width. The forward runs in eval mode, without gradients, on the RNG streams of a fork:
+    the model, its buffers and the run's random numbers are as they were."""
+    batch = torch.stack([data.train[i][0] for i in range(min(2, len(data.train)))])
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    devices = [device.index or 0] if device.type == "cuda" else []
+    was_training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            model.eval()
+            output = model(batch.to(device))
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise UsageError(
+            f"the model fails on images of {data.name} ({_dims(batch.shape[1:])}): {one_line(e)}"
+        ) from None
+    finally:
+        model.train(was_training)
+    logits, classes = logits_of(output), data.train.num_classes
+    if logits.ndim != 2 or logits.shape[0] != len(batch):
+        raise UsageError(
+            f"the model returned logits of shape {tuple(logits.shape)} for {len(batch)} images; "
+            f"expected ({len(batch)}, {classes})"
+        )
+    if logits.shape[1] != classes:
+        hint = f" (num_labels={classes} in its config)" if hasattr(getattr(model, "config", None), "num_labels") else ""
+        raise UsageError(
+            f"the model returns {logits.shape[1]} logits per image but {data.name} has {classes} classes; "
+            f"give it {classes} outputs{hint}"
+        )
+
+
+def record(state: TrainState, model_name: str, model: nn.Module, data: RunData) -> None:
+    """Write into `state` what an export of this run needs to know about the model and the data."""
+    from ..export.transformers_dir import hf_config
+
+    state.model, state.dataset, state.mean, state.std = model_name, data.name, data.train.mean, data.train.std
+    fields = data.state_fields
+    state.num_classes, state.class_names = fields["num_classes"], fields["class_names"]
+    state.input_shape, state.train_samples = fields["input_shape"], fields["train_samples"]
+    state.transformers_config = hf_config(model, data.train.class_names)
+
+
+def run_facts(state: TrainState, model: nn.Module) -> dict[str, Any]:
+    """What results.json says about the model and the data."""
+    return {
+        "model": state.model,
+        "dataset": state.dataset,
+        "num_classes": state.num_classes,
+        "class_names": state.class_names,
+        "input_shape": state.input_shape,
+        "num_parameters": num_parameters(model),
+    }
+
+
+def _dims(shape: Any) -> str:
+    return "x".join(str(int(d)) for d in shape)
