@@ -10,6 +10,7 @@ that says what was being written, where, and how much space is left (`writing`).
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import re
@@ -149,3 +150,15 @@ def fsync_file(path: Path) -> None:
     """Flush `path` to stable storage before a rename publishes it."""
     with open(path, "rb") as f:
         os.fsync(f.fileno())
+
+
+def save_figure(fig: Any, path: str | os.PathLike) -> Path:
+    """Save a matplotlib figure as a PNG, atomically: it is drawn in memory first, so that a reader
+    never sees half a PNG and the temporary file exists for one write only (a run directory may be
+    copied while its plots are drawn in the background)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=100, format="png")
+    write_atomic(path, buffer.getvalue())
+    return path

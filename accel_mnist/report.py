@@ -11,7 +11,6 @@ saved through the Agg canvas, without pyplot's global state (safe in any thread,
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .files import read_json_object, write_atomic
+from .files import read_json_object, save_figure
 from .run.outputs import METRICS_FILE, RESULTS_FILE
 from .tables import text_table
 
@@ -85,18 +84,6 @@ def _labels(run_dirs: Sequence[Path], results: Sequence[dict[str, Any] | None]) 
     ]
 
 
-def _save(fig: Any, out_png: str | os.PathLike) -> Path:
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    # Drawn in memory, then written under a temporary name and renamed: a reader never sees half
-    # a PNG, and the temporary file exists only for the one write (someone copying the run
-    # directory while it is drawn in the background would otherwise meet it).
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=100, format="png")
-    write_atomic(out_png, buffer.getvalue())
-    return out_png
-
-
 def plot_training_curves(run_dirs: Sequence[str | os.PathLike], out_png: str | os.PathLike) -> Path:
     """Train loss, test loss and test accuracy against the optimizer step, one curve per run."""
     from matplotlib.figure import Figure
@@ -120,7 +107,7 @@ def plot_training_curves(run_dirs: Sequence[str | os.PathLike], out_png: str | o
         ax.set_xlabel("optimizer step")
         ax.grid(True, alpha=0.3)
     axes[2].legend(fontsize="small", loc="lower right")
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def plot_confusion_matrix(
@@ -155,7 +142,7 @@ def plot_confusion_matrix(
     total = int(counts.sum())
     accuracy = float(np.trace(counts)) / total if total else math.nan
     ax.set_title(title or f"accuracy {accuracy:.4f} on {total} samples")
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def _classes(results: dict[str, Any]) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .distributed.model_states import KINDS, NAMES
+from .files import save_figure
 from .tables import text_table
 
 MEMORY_FILE = "memory.png"
@@ -62,8 +63,6 @@ def plot_memory(results: dict[str, Any], title: str, out_png: str | os.PathLike)
     interpreter and libraries too where the peak is a CPU's RSS)."""
     from matplotlib.figure import Figure
 
-    from .report import _save  # the reports' one PNG writer (atomic)
-
     memory = memory_of(results)
     if memory is None:
         raise ValueError("results without a memory record")
@@ -98,7 +97,7 @@ def plot_memory(results: dict[str, Any], title: str, out_png: str | os.PathLike)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize="small", loc="upper left", ncols=columns)
     fig.suptitle(title)
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def write_memory_charts(run_dirs: Sequence[Path], labels: Sequence[str], results: Sequence[Any]) -> list[Path]:
