@@ -1,4 +1,4 @@
-"""Build the Accelerator from the accelerate config, and strategy_fields what it chose.
+"""Build the Accelerator from the accelerate config, and record what it chose (strategy_fields).
 
 This is the one place that knows about strategies: it reconciles the accelerate config
 (DDP, DeepSpeed or FSDP, ZeRO stage, offload, mixed precision, dynamo) with the TrainConfig
