@@ -21,17 +21,17 @@ import json, sys
 import torch
 from torch import nn
 from accelerate import PartialState
-import accel_mnist.training.loop as loop
+import accel_mnist.training.inputs as inputs  # where the run builds its model
 from accel_mnist import TrainConfig, train
 
 config = TrainConfig.from_dict(json.loads(sys.argv[1]))
 record = {"masks": [], "known": []}
-real_build = loop.build_model
-def build(name):
-    model = real_build(name)
+real_build = inputs.build_model
+def build(*args, **kwargs):
+    model = real_build(*args, **kwargs)
     record["weights"] = [p.detach().double().sum().item() for p in model.parameters()]
     return model
-loop.build_model = build
+inputs.build_model = build
 
 def hook(module, inputs, output):
     if isinstance(module, nn.Dropout) and module.training and len(record["masks"]) < 2:
