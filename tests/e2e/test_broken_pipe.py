@@ -5,15 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
+
 from accel_mnist.export.model_dir import save_exported
 from accel_mnist.models import build_model
-from tests.helpers import MNIST_DIR
+from tests.helpers import write_idx
 
 
 def test_predict_into_a_closed_pipe_exits_141_without_a_traceback(tmp_path):
     model = build_model("linear")
     save_exported(model.state_dict(), tmp_path / "export", model_name="linear", dataset="mnist")
-    images = MNIST_DIR / "t10k-images-idx3-ubyte.gz"  # 10000 lines of output: more than a pipe holds
+    # 10000 records, a line of output each: more than a pipe holds (64 KiB on Linux).
+    images = write_idx(tmp_path / "images-idx3-ubyte", np.zeros((10000, 28, 28), dtype=np.uint8))
     predict = subprocess.Popen(
         [sys.executable, "-m", "accel_mnist", "predict", "--model-path", str(tmp_path / "export"), str(images)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
