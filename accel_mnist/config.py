@@ -92,6 +92,17 @@ class TrainConfig:
             "help": "let cuDNN time and pick convolution algorithms (GPU; slower for short runs, see benchmarks)"
         },
     )
+    channels_last: bool = field(
+        default=False,
+        metadata={"help": "convolution weights and inputs in channels-last memory format (faster cuDNN kernels)"},
+    )
+    cuda_graph: bool = field(
+        default=False,
+        metadata={
+            "help": "capture the training step once as a CUDA graph and replay it (one GPU process, Adam or AdamW, "
+            "no clipping, no fp16; elsewhere the eager step runs and a line says why)"
+        },
+    )
     prewarm: bool = field(
         default=False,
         metadata={

@@ -7,9 +7,9 @@ Runs the CLI in this process (same arguments as `accel-mnist`) and prints one JS
 accel_mnist.cli: torch, accelerate, ...), then each phase of train() with its seconds and
 calls, timed with perf_counter around accel_mnist's own functions (build_accelerator,
 load_run_data, Loaders, prewarm, prepare — which builds the first torch optimizer, and with it
-imports torch._dynamo —, evaluate, the export, write_report), and `other` for the rest
-of train() (the steps, checkpoints, results.json). Nothing outside accel_mnist is wrapped;
-the wrappers only time the calls they pass through.
+imports torch._dynamo —, build_step (the CUDA graph's capture), evaluate, the export,
+write_report), and `other` for the rest of train() (the steps, checkpoints, results.json).
+Nothing outside accel_mnist is wrapped; the wrappers only time the calls they pass through.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ PHASES = {  # phase name: (module, attribute); the loop looks each up at call ti
     "prewarm": ("accel_mnist.training.loop", "prewarm"),
     "run_dir": ("accel_mnist.training.loop", "RunDir"),
     "prepare": ("accel_mnist.training.loop", "prepare"),
+    "step_setup": ("accel_mnist.training.loop", "build_step"),  # the CUDA graph's capture, where asked
     "evaluate": ("accel_mnist.training.loop", "evaluate"),
     "export": ("accel_mnist.export.model_dir", "full_state_dict"),
     "export_save": ("accel_mnist.export.model_dir", "save_exported"),

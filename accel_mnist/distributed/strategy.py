@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+from accelerate.utils import AutocastKwargs, DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 
 from ..config import TrainConfig
 from ..errors import UsageError
@@ -68,6 +68,8 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
         "ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).* is deprecated", category=FutureWarning
     )
     handlers = list(kwargs.pop("kwargs_handlers", []))
+    if config.cuda_graph:  # autocast's weight cache would keep casts made during capture (torch.cuda.graphs docs)
+        handlers.append(AutocastKwargs(cache_enabled=False))
     if use_fsdp and (env_flag("ACCELERATE_USE_CPU") or kwargs.get("cpu")):
         # Accelerate would quietly train without it; a user who asked for sharding should know.
         raise UsageError(

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
@@ -22,11 +21,9 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..distributed import consensus
 from ..distributed.memory import MemoryWatch, trainable_numels
-from ..distributed.step import MicroStep
 from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
-from ..model_output import logits_of
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
 from ..versions import versions
@@ -38,6 +35,7 @@ from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
 from .prewarm import prewarm
 from .records import metrics_row, results_record
+from .step import build_step, to_memory_format
 
 
 def train(
@@ -102,7 +100,7 @@ def start_run(
         run_data = load_run_data(config, own)
     set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
     model_name = config.model if model is None else type(model).__name__
-    model = model_for(accelerator, config, model, run_data)
+    model = to_memory_format(model_for(accelerator, config, model, run_data), config)
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
@@ -174,11 +172,12 @@ class TrainingRun:
     last_checkpoint: Path | None = None
 
     def __post_init__(self) -> None:
-        # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
-        # match; elsewhere they stay fp32 and autocast (if any) does the casting.
-        self.input_dtype = next(self.model.parameters()).dtype
         self.batches = len(self.data)  # micro-batches per epoch on each process
-        self.micro = MicroStep(self.accelerator, self.model)
+        # After any checkpoint is loaded: capture records the optimizer state tensors it finds.
+        batch_shape = (self.config.batch_size, *self.state.input_shape)
+        self.step, step_facts = build_step(self.accelerator, self.config, self.model, self.optimizer, batch_shape)
+        self.input_dtype = self.step.input_dtype  # the evaluation's too
+        self.facts.update(step_facts)
         # The train loss's sum and the non-finite steps, folded only where the loop syncs anyway.
         sums, rank = self.state.loss_sums, self.accelerator.process_index
         self.losses = LossTally(self.accelerator.device, sums[rank] if sums else 0.0)
@@ -238,14 +237,8 @@ class TrainingRun:
 
     def micro_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward, backward and (at the end of an accumulation) the optimizer step of one micro-batch."""
-        accelerator, state = self.accelerator, self.state
-        with self.micro.accumulate():
-            loss = F.cross_entropy(logits_of(self.model(inputs.to(self.input_dtype))).float(), labels)
-            self.micro.backward(loss)
-            if self.config.max_grad_norm is not None and accelerator.sync_gradients:
-                accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad()
+        state = self.state
+        loss = self.step(inputs, labels)
         self.losses.add(loss)
         state.loss_count += 1
         state.batches_in_epoch += 1
@@ -280,7 +273,7 @@ class TrainingRun:
             state,
             evaluation,
             train_loss=train_loss,
-            lr=self.scheduler.get_last_lr()[0],
+            lr=float(self.scheduler.get_last_lr()[0]),  # a tensor where the step is captured
             steps_per_epoch=self.steps_per_epoch,
             num_processes=accelerator.num_processes,
         )

@@ -1,0 +1,207 @@
+"""The training step: eager, or captured once as a CUDA graph and replayed.
+
+A small model's optimizer step on an H200 is mostly kernel launches: the fast recipe's
+BatchNorm CNN at batch 512 takes about 3.0 ms eager and 1.4 ms replayed as one graph in
+channels-last (issue 21's measurements; benchmarks/README.md has this project's own).
+With `cuda_graph`, the forward, backward and optimizer step are recorded once and each step
+then copies its batch into static input buffers and replays them: one launch per step.
+
+Capture needs a CUDA device, one process, one micro-batch per step, no gradient clipping, no
+grad scaler (fp16's scaler reads the gradients' finiteness on the host each step) and a torch
+Adam or AdamW (their `capturable` mode; SGD and Adadelta turn a tensor learning rate into a
+host number, which a graph cannot replay). Anywhere else the eager step runs and `why_eager`
+says why, in one line. What capture changes, and what it costs:
+
+* Adam/AdamW run with `capturable=True` and the learning rate as a float32 device tensor that
+  the schedule fills in place (torch's LRScheduler does so for tensor learning rates), so the
+  replayed step reads the current rate; the step count stays on the device.
+* Capture wants a few eager iterations first, on a side stream (torch.cuda.graphs docs); they
+  run on the real model and optimizer, and are then undone in place (parameters, buffers and
+  optimizer state copied back, state created by them zeroed: what a fresh Adam starts from),
+  so the run trains the same weights as the eager step, within float tolerance.
+* A batch of another shape (the epoch's last, smaller one) takes the eager step on the same
+  tensors; the replayed loss is copied out each step (one small device copy), since the loop
+  keeps each step's loss until it next reads them.
+* Dropout inside a graph draws from the CUDA generator as graphs allow; its masks are not the
+  eager run's. The fast recipe's model has no dropout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from torch import nn
+
+from ..config import TrainConfig
+from ..distributed.step import MicroStep
+from ..model_output import logits_of
+
+# Eager iterations before capture: torch's docs use 3 (11 under DDP, not captured here).
+WARMUP_ITERATIONS = 3
+
+
+def to_memory_format(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """The model in channels-last where `config.channels_last` asks (4-D weights only; others as they are)."""
+    return model.to(memory_format=torch.channels_last) if config.channels_last else model
+
+
+class EagerStep:
+    """Forward, backward and (at the end of an accumulation) the optimizer step of one micro-batch."""
+
+    captured = False
+
+    def __init__(self, accelerator: Accelerator, config: TrainConfig, model: nn.Module, optimizer: Any) -> None:
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+        self.max_grad_norm = config.max_grad_norm
+        self.channels_last = config.channels_last
+        self.micro = MicroStep(accelerator, model)
+        # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
+        # match; elsewhere they stay fp32 and autocast (if any) does the casting.
+        self.input_dtype = next(model.parameters()).dtype
+
+    def loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The forward pass and the loss, as every step computes them."""
+        if self.channels_last and inputs.ndim == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return F.cross_entropy(logits_of(self.model(inputs.to(self.input_dtype))).float(), labels)
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with self.micro.accumulate():
+            loss = self.loss(inputs, labels)
+            self.micro.backward(loss)
+            if self.max_grad_norm is not None and self.accelerator.sync_gradients:
+                self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        return loss
+
+
+def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> str | None:
+    """Why this run cannot capture its step (None: it can)."""
+    if accelerator.device.type != "cuda":
+        return f"the device is {accelerator.device.type}; CUDA graphs need a CUDA GPU"
+    if accelerator.distributed_type != DistributedType.NO or accelerator.num_processes > 1:
+        return f"{accelerator.distributed_type.value} is not captured here (one process only)"
+    if accelerator.gradient_accumulation_steps > 1:
+        return "gradient accumulation (more than one micro-batch per step) is not captured"
+    if config.max_grad_norm is not None:
+        return "max_grad_norm: gradient clipping is not captured"
+    if accelerator.scaler is not None:
+        return "fp16's grad scaler checks the gradients on the host each step; use bf16 or no mixed precision"
+    if accelerator.mixed_precision == "fp8":
+        return "fp8 layers are not captured here"
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
+        return f"optimizer {type(inner).__name__}: only torch's Adam and AdamW step from a device learning rate"
+    return None
+
+
+class GraphedStep:
+    """The eager step's work recorded once as a CUDA graph, replayed for every batch of its shape."""
+
+    captured = True
+
+    def __init__(self, eager: EagerStep, optimizer: Any, batch_shape: tuple[int, ...]) -> None:
+        self.eager, self.input_dtype = eager, eager.input_dtype
+        self.inner: torch.optim.Optimizer = getattr(optimizer, "optimizer", optimizer)
+        device = eager.accelerator.device
+        make_capturable(self.inner, device)
+        layout = torch.channels_last if eager.channels_last and len(batch_shape) == 4 else torch.contiguous_format
+        self.static_inputs = torch.zeros(batch_shape, device=device).contiguous(memory_format=layout)
+        self.static_labels = torch.zeros(batch_shape[0], dtype=torch.int64, device=device)
+        start = time.perf_counter()
+        self.graph, self.static_loss = self._capture()
+        torch.cuda.synchronize(device)
+        self.capture_seconds = time.perf_counter() - start
+
+    def _work(self) -> torch.Tensor:
+        loss = self.eager.loss(self.static_inputs, self.static_labels)
+        loss.backward()
+        self.inner.step()
+        return loss
+
+    def _capture(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        model, inner = self.eager.model, self.inner
+        kept = [*model.parameters(), *model.buffers()]
+        with torch.no_grad():
+            saved = [t.detach().clone() for t in kept]
+            saved_state = {
+                id(p): {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in inner.state.items()
+            }
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_ITERATIONS):
+                inner.zero_grad(set_to_none=True)
+                self._work()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.no_grad():  # undo the warm-up: the run starts from the weights and state it had
+            for tensor, value in zip(kept, saved, strict=True):
+                tensor.copy_(value)
+            for p, state in inner.state.items():
+                before = saved_state.get(id(p), {})
+                for key, value in state.items():
+                    if key in before:
+                        value.copy_(before[key])
+                    elif torch.is_tensor(value):
+                        value.zero_()
+        inner.zero_grad(set_to_none=True)  # the gradients are then allocated from the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = self._work()
+        # Replay writes these; eager steps in between (other shapes) leave them to the graph.
+        self.static_grads = [p.grad for group in inner.param_groups for p in group["params"]]
+        return graph, loss
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if inputs.shape != self.static_inputs.shape:
+            # The replayed backward wrote the gradients rather than adding to them: clear them.
+            self.inner.zero_grad(set_to_none=True)
+            return self.eager(inputs, labels)
+        self.static_inputs.copy_(inputs)
+        self.static_labels.copy_(labels)
+        self.graph.replay()
+        return self.static_loss.clone()
+
+
+def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Adam/AdamW in place as capture needs them: `capturable`, the learning rate a device tensor
+    (the schedule then fills it), the step counts on the parameters' device."""
+    for group in optimizer.param_groups:
+        group["capturable"] = True
+        lr = group["lr"]
+        if not (torch.is_tensor(lr) and lr.device == device):
+            group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
+    for param, state in optimizer.state.items():
+        step = state.get("step")
+        if torch.is_tensor(step) and step.device != param.device:
+            state["step"] = step.to(device=param.device, dtype=torch.float32)
+
+
+def build_step(
+    accelerator: Accelerator, config: TrainConfig, model: nn.Module, optimizer: Any, batch_shape: tuple[int, ...]
+) -> tuple[EagerStep | GraphedStep, dict[str, Any]]:
+    """The run's step, and what results.json says of it: `step` ("eager" or "cuda_graph"),
+    `capture_seconds`, and `eager_reason` where `cuda_graph` was asked for and not possible."""
+    eager = EagerStep(accelerator, config, model, optimizer)
+    if not config.cuda_graph:
+        return eager, {"step": "eager", "capture_seconds": 0.0}
+    reason = why_eager(accelerator, config, optimizer)
+    if reason is None:
+        try:
+            graphed = GraphedStep(eager, optimizer, batch_shape)
+        except RuntimeError as e:  # a model or setting that cannot be captured
+            from ..errors import one_line
+
+            reason = f"capture failed: {one_line(e)}"
+            getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)
+        else:
+            accelerator.print(f"cuda_graph: the step is captured ({graphed.capture_seconds:.2f} s)")
+            return graphed, {"step": "cuda_graph", "capture_seconds": graphed.capture_seconds}
+    accelerator.print(f"cuda_graph: eager step: {reason}")
+    return eager, {"step": "eager", "capture_seconds": 0.0, "eager_reason": reason}

@@ -1,0 +1,83 @@
+"""The captured step on a GPU: it trains as the eager step does, resumes from its own
+checkpoints, and takes the eager step with a reason where it cannot be captured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers import REPO, final_weights, run_accel_mnist
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# The fast recipe for 130 steps: past the epoch's last, smaller batch (step 118), which takes the
+# eager step between replays; evaluations at 65 and 130, checkpoints every 60.
+RUN = ["train", "--config", str(REPO / "recipes" / "fast99.yaml"), "--max-steps", "130", "--eval-every", "65",
+       "--stop-at-accuracy", "none", "--checkpoint-every", "60", "--keep-checkpoints", "10", "--no-export",
+       "--quiet"]  # fmt: skip
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    done = {}
+    for name, flag in (("graph", "--cuda-graph"), ("eager", "--no-cuda-graph")):
+        out = tmp_path_factory.mktemp(name)
+        proc = run_accel_mnist(*RUN, "--output-dir", str(out), flag)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        done[name] = (out, proc)
+    return done
+
+
+def test_the_recipe_step_is_captured(runs):
+    out, proc = runs["graph"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["step"] == "cuda_graph" and results["capture_seconds"] > 0, proc.stdout[-2000:]
+    assert "cuda_graph: the step is captured" in proc.stdout
+    eager = json.loads((runs["eager"][0] / "results.json").read_text())
+    assert eager["step"] == "eager" and "eager_reason" not in eager
+
+
+def test_captured_and_eager_steps_train_alike(runs):
+    graph, eager = _rows(runs["graph"][0]), _rows(runs["eager"][0])
+    assert [r["step"] for r in graph] == [r["step"] for r in eager] == [65, 130]
+    for g, e in zip(graph, eager, strict=True):
+        print(f"step {g['step']}: train_loss {g['train_loss']:.6f}/{e['train_loss']:.6f} "
+              f"test_accuracy {g['test_accuracy']:.4f}/{e['test_accuracy']:.4f}")  # fmt: skip
+        assert g["train_loss"] == pytest.approx(e["train_loss"], rel=2e-2)
+        assert abs(g["test_accuracy"] - e["test_accuracy"]) <= 0.005
+    a, b = final_weights(runs["graph"][0]), final_weights(runs["eager"][0])
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    print(f"largest weight difference after 130 steps, captured vs eager: {worst:.3g}")
+    assert a.keys() == b.keys() and worst < 5e-2
+
+
+def test_a_captured_run_resumes_from_its_checkpoint(runs, tmp_path):
+    graph = runs["graph"][0]
+    proc = run_accel_mnist(*RUN, "--output-dir", str(tmp_path), "--cuda-graph",
+                           "--resume-from", str(graph / "checkpoints" / "step_60"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "results.json").read_text())["step"] == "cuda_graph"
+    a, b = final_weights(tmp_path), final_weights(graph)
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    exact = all(torch.equal(a[k], b[k]) for k in a)
+    print(f"resumed at 60 vs uninterrupted, after 130 steps: largest difference {worst:.3g}, bit for bit: {exact}")
+    assert worst < 1e-3
+    assert _rows(tmp_path)[-1]["test_accuracy"] == pytest.approx(_rows(graph)[-1]["test_accuracy"], abs=0.002)
+
+
+@pytest.mark.parametrize(
+    "precision, said",
+    [("fp16", "cuda_graph: eager step: fp16's grad scaler"), ("bf16", "cuda_graph: the step is captured")],
+)
+def test_mixed_precision(precision, said, tmp_path):
+    proc = run_accel_mnist(*RUN, "--max-steps", "40", "--eval-every", "40", "--output-dir", str(tmp_path),
+                           "--cuda-graph", env={"ACCELERATE_MIXED_PRECISION": precision})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert said in proc.stdout
+    assert _rows(tmp_path)[-1]["test_accuracy"] > 0.9

@@ -1,0 +1,96 @@
+"""The captured step's choices, on the CPU: when it is refused and why, and what capture changes
+in the optimizer. The capture itself runs on a GPU: tests/gpu/test_cuda_graph.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+
+from accel_mnist import TrainConfig
+from accel_mnist.training.step import EagerStep, build_step, make_capturable, to_memory_format, why_eager
+
+
+def _accelerator(device="cuda", kind=DistributedType.NO, processes=1, accum=1, scaler=None, precision="no"):
+    return SimpleNamespace(device=torch.device(device), distributed_type=kind, num_processes=processes,
+                           gradient_accumulation_steps=accum, scaler=scaler, mixed_precision=precision,
+                           print=print)  # fmt: skip
+
+
+def _adam(params=None):
+    return torch.optim.Adam(params or [torch.nn.Parameter(torch.ones(2))], lr=1e-2)
+
+
+@pytest.mark.parametrize(
+    "accelerator, config, optimizer, reason",
+    [
+        (_accelerator("cpu"), {}, _adam(), "the device is cpu; CUDA graphs need a CUDA GPU"),
+        (_accelerator(kind=DistributedType.MULTI_GPU, processes=2), {}, _adam(), "MULTI_GPU is not captured here"),
+        (_accelerator(kind=DistributedType.DEEPSPEED), {}, _adam(), "DEEPSPEED is not captured here"),
+        (_accelerator(accum=2), {}, _adam(), "gradient accumulation"),
+        (_accelerator(), {"max_grad_norm": 1.0}, _adam(), "max_grad_norm: gradient clipping is not captured"),
+        (_accelerator(scaler=object()), {}, _adam(), "fp16's grad scaler"),
+        (_accelerator(precision="fp8"), {}, _adam(), "fp8"),
+        (_accelerator(), {}, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), "optimizer SGD"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_captured_is_named(accelerator, config, optimizer, reason):
+    assert reason in why_eager(accelerator, TrainConfig(**config), optimizer)  # type: ignore[arg-type,operator]
+
+
+def test_one_cuda_process_with_adam_can_be_captured():
+    inner = _adam()
+    prepared = SimpleNamespace(optimizer=inner)  # Accelerate's wrapper: the torch optimizer inside counts
+    assert why_eager(_accelerator(), TrainConfig(), prepared) is None  # type: ignore[arg-type]
+    assert why_eager(_accelerator(precision="bf16"), TrainConfig(optimizer="adamw"), torch.optim.AdamW(
+        [torch.nn.Parameter(torch.ones(2))])) is None  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_on_the_cpu_the_run_takes_the_eager_step_and_says_why(capsys):
+    model = torch.nn.Linear(4, 2)
+    accelerator = _accelerator("cpu")
+    step, facts = build_step(accelerator, TrainConfig(cuda_graph=True), model, _adam(list(model.parameters())),
+                             (8, 4))  # type: ignore[arg-type]  # fmt: skip
+    assert isinstance(step, EagerStep) and not step.captured
+    assert facts == {"step": "eager", "capture_seconds": 0.0,
+                     "eager_reason": "the device is cpu; CUDA graphs need a CUDA GPU"}  # fmt: skip
+    assert capsys.readouterr().out == "cuda_graph: eager step: the device is cpu; CUDA graphs need a CUDA GPU\n"
+
+
+def test_without_cuda_graph_nothing_is_said(capsys):
+    model = torch.nn.Linear(4, 2)
+    step, facts = build_step(_accelerator(), TrainConfig(), model, _adam(list(model.parameters())), (8, 4))  # type: ignore[arg-type]
+    assert isinstance(step, EagerStep) and facts == {"step": "eager", "capture_seconds": 0.0}
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of")  # no optimizer step between the schedule's here
+def test_make_capturable_keeps_the_schedule_and_the_state():
+    params = [torch.nn.Parameter(torch.ones(3))]
+    optimizer = _adam(params)
+    params[0].grad = torch.ones(3)
+    optimizer.step()  # a state with a host step count, as an eager checkpoint holds it
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=20)
+    twin = torch.optim.lr_scheduler.OneCycleLR(_adam(), max_lr=1e-2, total_steps=20)
+    make_capturable(optimizer, torch.device("cpu"))
+    group = optimizer.param_groups[0]
+    assert group["capturable"] is True and torch.is_tensor(group["lr"]) and group["lr"].dtype == torch.float32
+    lr_tensor = group["lr"]
+    for _ in range(5):
+        schedule.step()
+        twin.step()
+    # Filled in place: a captured step reads the schedule's current rate from the same tensor.
+    assert optimizer.param_groups[0]["lr"] is lr_tensor
+    assert float(schedule.get_last_lr()[0]) == pytest.approx(twin.get_last_lr()[0], rel=1e-6)
+    assert optimizer.state[params[0]]["step"].dtype == torch.float32
+
+
+def test_channels_last_changes_the_layout_not_the_values():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert to_memory_format(model, TrainConfig()) is model and model[0].weight.is_contiguous()
+    to_memory_format(model, TrainConfig(channels_last=True))
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last) and not model[0].weight.is_contiguous()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
