@@ -125,6 +125,37 @@ H200: list[Row] = [
      "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *ONE_STEP], "parse": "wall", "repeat": 1, "budget": 30},
 ]  # fmt: skip
 
+# Issue 21's speed suite on one H200, one call: the recipe's seeds in one process (as speed records
+# time them; benchmarks/repeat.py), accel_mnist and its plain twin, captured and eager; the step's
+# makeup (benchmarks/step_profile.py); then fresh commands of both, and one command's timeline.
+REPEAT = ["{python}", "-m", "benchmarks.repeat", "--config", "{recipe}", "--data-dir", "{data}"]
+H200_SPEED: list[Row] = [
+    {"name": "repeat", "group": "in_process", "what": "accel_mnist, the recipe (captured step, channels-last, "
+     "fp32), 20 seeds in one process", "needs": "recipe", "cmd": [*REPEAT, "--seeds", "0-19"],
+     "parse": "json_line", "repeat": 1, "budget": 45},
+    {"name": "repeat_plain", "group": "in_process", "what": "the plain twin, the same recipe (captured as "
+     "torch.cuda.graphs' whole-network example), 20 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--runner", "plain", "--seeds", "0-19"], "parse": "json_line", "repeat": 1, "budget": 35},
+    {"name": "step_profile", "group": "step", "what": "one step of bncnn b512, eager/captured x NCHW/channels-last: "
+     "ms/step, GPU ms/step, kernels and launch calls per step",
+     "cmd": ["{python}", "-m", "benchmarks.step_profile"], "parse": "json_line", "repeat": 1, "budget": 30},
+    *[{**row, "seeds": [0, 1], "budget": 25} for row in H200 if row["name"] in ("recipe", "recipe_plain")],
+    {"name": "repeat_eager", "group": "variants", "what": "accel_mnist, the recipe with cuda_graph=false, "
+     "10 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--seeds", "0-9", "--set", "cuda_graph=false"], "parse": "json_line", "repeat": 1, "budget": 25},
+    {"name": "repeat_plain_eager", "group": "variants", "what": "the plain twin, eager, 10 seeds in one process",
+     "needs": "recipe", "cmd": [*REPEAT, "--runner", "plain", "--seeds", "0-9", "--", "--no-cuda-graph"],
+     "parse": "json_line", "repeat": 1, "budget": 25},
+    {"name": "repeat_bf16", "group": "variants", "what": "accel_mnist, the recipe in bf16 autocast "
+     "(ACCELERATE_MIXED_PRECISION=bf16), 10 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--seeds", "0-9"], "env": BF16, "parse": "json_line", "repeat": 1, "budget": 25},
+    {"name": "repeat_cudnn_benchmark", "group": "variants", "what": "accel_mnist, the recipe with "
+     "cudnn_benchmark=true, 10 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--seeds", "0-9", "--set", "cudnn_benchmark=true"], "parse": "json_line", "repeat": 1,
+     "budget": 25},
+    *[{**row, "budget": 20} for row in H200 if row["name"] == "recipe_timeline"],
+]  # fmt: skip
+
 # The memory suites (benchmarks/memory_suite.py reads them): one `accel-mnist train` launch per
 # strategy, fp32 on the CPU's 2 cores (2 processes over gloo, and 1), the launch's precision on a GPU.
 MEMORY_TRAIN = ["-m", "accel_mnist", "train", "--data-loader", "device", "--no-export", "--no-save-checkpoints",
@@ -199,6 +230,7 @@ SUITES: dict[str, dict[str, Any]] = {
             "seed_script",
         ],
     },
+    "h200_speed": {"rows": H200_SPEED, "needs": "cuda", "plot": ["recipe", "recipe_plain"]},
     "memory_cpu": {"rows": MEMORY_CPU, "plot": None},
     "memory_h200": {"rows": MEMORY_H200, "needs": "cuda", "plot": None},
     "memory_h200x2": {"rows": MEMORY_H200X2, "needs": "cuda", "plot": None},

@@ -152,7 +152,9 @@ class GraphedStep:
                         value.zero_()
         inner.zero_grad(set_to_none=True)  # the gradients are then allocated from the graph's pool
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the run's own threads (the lock's lease) make no CUDA calls, and another
+        # library's would otherwise fail the capture.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             loss = self._work()
         # Replay writes these; eager steps in between (other shapes) leave them to the graph.
         self.static_grads = [p.grad for group in inner.param_groups for p in group["params"]]

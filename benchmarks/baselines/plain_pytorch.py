@@ -46,7 +46,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (--data dataloader)")
     p.add_argument("--gather", choices=["index", "index_select", "normalised"], default="index",
                    help="--data device: images[idx] (advanced indexing) or images.index_select(0, idx)")  # fmt: skip
-    p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
+    p.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=False,
+                   help="torch.backends.cudnn.benchmark = True")  # fmt: skip
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
+                   help="the model (and so its convolutions) in channels-last memory format")  # fmt: skip
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=False,
+                   help="capture forward, backward and Adam's step once as a CUDA graph (torch.cuda.graphs' "
+                   "whole-network recipe) and replay it for every full batch")  # fmt: skip
     p.add_argument("--precision", choices=["no", "fp16", "bf16"], default="no", help="autocast dtype")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -83,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 RECIPE_KEYS = ("model", "batch_size", "lr", "epochs", "max_steps", "scheduler", "eval_every", "stop_at_accuracy",
-               "seed", "prewarm")  # fmt: skip
+               "seed", "prewarm", "cudnn_benchmark", "channels_last", "cuda_graph")  # fmt: skip
 
 
 def recipe_defaults(path: str) -> tuple[dict, list[str]]:
@@ -167,6 +173,39 @@ def evaluate(model, loader, device, autocast) -> float:
     return correct / total
 
 
+def capture(model, optimizer, static_x, static_y, autocast):
+    """torch.cuda.graphs' whole-network capture: warm-up iterations on a side stream, then one
+    recorded step. The warm-up's updates are undone (weights, buffers, Adam's state), as
+    accel_mnist does, so that both loops train from the same start."""
+    import copy
+
+    def work():
+        with autocast():
+            loss = F.cross_entropy(model(static_x).float(), static_y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    saved = copy.deepcopy(model.state_dict())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            work()
+    torch.cuda.current_stream().wait_stream(side)
+    model.load_state_dict(saved)  # copies in place: the graph's tensors stay where they are
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for value in state.values():
+                value.zero_()  # a fresh Adam's state: step 0, zero moments
+    optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = work()
+    return graph, loss
+
+
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,11 +216,17 @@ def run(args) -> dict:
         raise SystemExit("error: --precision fp16 needs a GPU (use no or bf16 on CPU)")
     train_loader, test_loader = build_loaders(args, device)
     model = build_model(args.model).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    graphed = args.cuda_graph and device.type == "cuda" and args.precision != "fp16"
+    # Capture wants Adam's capturable mode and the learning rate as a device tensor (the schedule fills it).
+    lr = torch.tensor(args.lr, device=device) if graphed else args.lr
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, capturable=graphed)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
 
     def autocast():
-        return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+        # Autocast's weight cache must be off inside a graph (torch.cuda.graphs docs).
+        return torch.autocast(device.type, dtype=dtype, cache_enabled=not graphed) if dtype else nullcontext()
 
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
     total_steps = len(train_loader) * args.epochs
@@ -218,6 +263,14 @@ def run(args) -> dict:
             loss = F.cross_entropy(spare(x.to(device)).float(), y.to(device))
         loss.backward()
         del spare
+    capture_seconds = 0.0
+    if graphed:
+        tick = time.perf_counter()
+        static_x = torch.zeros(args.batch_size, 1, 28, 28, device=device)
+        static_y = torch.zeros(args.batch_size, dtype=torch.long, device=device)
+        graph, static_loss = capture(model, optimizer, static_x, static_y, autocast)
+        sync(device)
+        capture_seconds = time.perf_counter() - tick
     step = 0
     samples_timed = 0
     sync(device)
@@ -226,12 +279,18 @@ def run(args) -> dict:
     while step < total_steps:
         for x, y in train_loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast():
-                loss = F.cross_entropy(model(x).float(), y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            if graphed and len(y) == args.batch_size:
+                static_x.copy_(x)
+                static_y.copy_(y)
+                graph.replay()
+                loss = static_loss
+            else:  # the eager step (and, when graphed, the epoch's last smaller batch)
+                with autocast():
+                    loss = F.cross_entropy(model(x).float(), y)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
             if scheduler is not None:
                 scheduler.step()
             step += 1
@@ -264,6 +323,8 @@ def run(args) -> dict:
         "final_loss": loss.item(),
         "num_parameters": num_parameters(model),
         "device": device.type,
+        "cuda_graph": graphed,
+        "capture_seconds": capture_seconds,
     }
     if not args.no_eval:
         result["test_accuracy"] = evaluate(model, test_loader, device, autocast)
