@@ -52,6 +52,13 @@ class TrainConfig:
     momentum: float = field(default=0.9, metadata={"help": "momentum for sgd"})
     weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
     scheduler: str = field(default="none", metadata={"help": ", ".join(SCHEDULERS)})
+    cycle_momentum: bool = field(
+        default=True,
+        metadata={
+            "help": "onecycle: also cycle Adam's beta1 (SGD's momentum) against the learning rate, as torch's "
+            "OneCycleLR does; cuda_graph needs false (a captured step keeps the beta1 it was captured with)"
+        },
+    )
     step_gamma: float = field(default=0.7, metadata={"help": "lr factor per epoch for 'step'"})
     grad_accum: int | None = field(
         default=None,

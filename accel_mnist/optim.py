@@ -76,7 +76,9 @@ def torch_scheduler(
     """The TrainConfig's schedule. 'none' is a constant one, so the loop never asks whether one exists."""
     sched = torch.optim.lr_scheduler
     if config.scheduler == "onecycle":
-        return sched.OneCycleLR(optimizer, max_lr=config.lr, total_steps=max(total_steps, 1))
+        return sched.OneCycleLR(
+            optimizer, max_lr=config.lr, total_steps=max(total_steps, 1), cycle_momentum=config.cycle_momentum
+        )
     if config.scheduler == "cosine":
         return sched.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1))
     if config.scheduler == "step":

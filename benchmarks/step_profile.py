@@ -31,14 +31,16 @@ def variant(model_name: str, batch: int, steps: int, profile_steps: int, graph: 
     from accel_mnist.models import build_model
     from accel_mnist.training.step import build_step, to_memory_format
 
-    config = TrainConfig(model=model_name, batch_size=batch, lr=1e-2, scheduler="onecycle", cuda_graph=graph,
+    config = TrainConfig(model=model_name, batch_size=batch, lr=1e-2, scheduler="onecycle", cycle_momentum=False,
+                         cuda_graph=graph,
                          channels_last=channels_last, output_dir=folder, quiet=True)  # fmt: skip
     accelerator = build_accelerator(config)
     device = accelerator.device
     model = to_memory_format(build_model(model_name).to(device), config)
     total = 20 + steps + profile_steps + 5
     model, optimizer, scheduler = prepare(accelerator, config, model, total, total)
-    step, facts = build_step(accelerator, config, model, optimizer, (batch, 1, 28, 28))
+    step = build_step(accelerator, config, model, optimizer, (batch, 1, 28, 28))
+    facts = step.facts
     inputs = torch.randn(batch, 1, 28, 28, device=device)
     labels = torch.randint(0, 10, (batch,), device=device)
 

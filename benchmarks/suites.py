@@ -125,35 +125,52 @@ H200: list[Row] = [
      "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *ONE_STEP], "parse": "wall", "repeat": 1, "budget": 30},
 ]  # fmt: skip
 
-# Issue 21's speed suite on one H200, one call: the recipe's seeds in one process (as speed records
-# time them; benchmarks/repeat.py), accel_mnist and its plain twin, captured and eager; the step's
-# makeup (benchmarks/step_profile.py); then fresh commands of both, and one command's timeline.
-REPEAT = ["{python}", "-m", "benchmarks.repeat", "--config", "{recipe}", "--data-dir", "{data}"]
+# Issue 21's speed suite on one H200, one call: the seeds of recipes/fast99_graph.yaml in one
+# process (as speed records time them; benchmarks/repeat.py), accel_mnist and its plain twin,
+# captured and eager on the same recipe; the step's makeup (benchmarks/step_profile.py); then
+# fresh commands of both, and one command's timeline. {recipe} is the eager fast99.yaml.
+GRAPH_RECIPE = "recipes/fast99_graph.yaml"
+REPEAT = ["{python}", "-m", "benchmarks.repeat", "--data-dir", "{data}"]
+GRAPH_RUN = [*RECIPE_RUN[:2], GRAPH_RECIPE, *RECIPE_RUN[3:]]
 H200_SPEED: list[Row] = [
-    {"name": "repeat", "group": "in_process", "what": "accel_mnist, the recipe (captured step, channels-last, "
-     "fp32), 20 seeds in one process", "needs": "recipe", "cmd": [*REPEAT, "--seeds", "0-19"],
-     "parse": "json_line", "repeat": 1, "budget": 45},
-    {"name": "repeat_plain", "group": "in_process", "what": "the plain twin, the same recipe (captured as "
-     "torch.cuda.graphs' whole-network example), 20 seeds in one process", "needs": "recipe",
-     "cmd": [*REPEAT, "--runner", "plain", "--seeds", "0-19"], "parse": "json_line", "repeat": 1, "budget": 35},
+    {"name": "repeat_graph", "group": "in_process", "what": "accel_mnist, fast99_graph.yaml (captured step, "
+     "channels-last, fp32), 20 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19"], "parse": "json_line", "repeat": 1, "budget": 45},
+    {"name": "repeat_graph_plain", "group": "in_process", "what": "the plain twin on fast99_graph.yaml (captured "
+     "as torch.cuda.graphs' whole-network example), 20 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--runner", "plain", "--seeds", "0-19"], "parse": "json_line",
+     "repeat": 1, "budget": 35},
+    {"name": "repeat_graph_eager", "group": "in_process", "what": "accel_mnist, fast99_graph.yaml with "
+     "cuda_graph=false (the same training, eager), 20 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cuda_graph=false"],
+     "parse": "json_line", "repeat": 1, "budget": 40},
     {"name": "step_profile", "group": "step", "what": "one step of bncnn b512, eager/captured x NCHW/channels-last: "
      "ms/step, GPU ms/step, kernels and launch calls per step",
      "cmd": ["{python}", "-m", "benchmarks.step_profile"], "parse": "json_line", "repeat": 1, "budget": 30},
-    *[{**row, "seeds": [0, 1], "budget": 25} for row in H200 if row["name"] in ("recipe", "recipe_plain")],
-    {"name": "repeat_eager", "group": "variants", "what": "accel_mnist, the recipe with cuda_graph=false, "
-     "10 seeds in one process", "needs": "recipe",
-     "cmd": [*REPEAT, "--seeds", "0-9", "--set", "cuda_graph=false"], "parse": "json_line", "repeat": 1, "budget": 25},
-    {"name": "repeat_plain_eager", "group": "variants", "what": "the plain twin, eager, 10 seeds in one process",
-     "needs": "recipe", "cmd": [*REPEAT, "--runner", "plain", "--seeds", "0-9", "--", "--no-cuda-graph"],
+    {"name": "recipe_graph", "group": "time_to_99", "what": "python -m accel_mnist train --config "
+     "recipes/fast99_graph.yaml, a fresh process per seed", "needs": "recipe",
+     "cmd": ["{python}", "-m", "accel_mnist", *GRAPH_RUN], "parse": "curve", "target": 0.99, "seeds": [0, 1, 2],
+     "budget": 40},
+    {"name": "recipe_graph_plain", "group": "time_to_99", "what": "the plain twin on fast99_graph.yaml, a fresh "
+     "process per seed", "needs": "recipe",
+     "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", GRAPH_RECIPE, "--seed", "{seed}",
+             "--data", "device", "--precision", "no", "--data-dir", "{data}", "--metrics-out", "{run}/metrics.jsonl",
+             "--out", "{run}"],
+     "parse": "curve", "target": 0.99, "seeds": [0, 1, 2], "budget": 35},
+    {"name": "repeat", "group": "variants", "what": "accel_mnist, fast99.yaml (eager, beta1 cycled), 10 seeds in "
+     "one process", "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-9"],
      "parse": "json_line", "repeat": 1, "budget": 25},
-    {"name": "repeat_bf16", "group": "variants", "what": "accel_mnist, the recipe in bf16 autocast "
+    {"name": "repeat_graph_bf16", "group": "variants", "what": "accel_mnist, fast99_graph.yaml in bf16 autocast "
      "(ACCELERATE_MIXED_PRECISION=bf16), 10 seeds in one process", "needs": "recipe",
-     "cmd": [*REPEAT, "--seeds", "0-9"], "env": BF16, "parse": "json_line", "repeat": 1, "budget": 25},
-    {"name": "repeat_cudnn_benchmark", "group": "variants", "what": "accel_mnist, the recipe with "
-     "cudnn_benchmark=true, 10 seeds in one process", "needs": "recipe",
-     "cmd": [*REPEAT, "--seeds", "0-9", "--set", "cudnn_benchmark=true"], "parse": "json_line", "repeat": 1,
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-9"], "env": BF16, "parse": "json_line", "repeat": 1,
      "budget": 25},
-    *[{**row, "budget": 20} for row in H200 if row["name"] == "recipe_timeline"],
+    {"name": "repeat_graph_cudnn_benchmark", "group": "variants", "what": "accel_mnist, fast99_graph.yaml with "
+     "cudnn_benchmark=true, 10 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-9", "--set", "cudnn_benchmark=true"],
+     "parse": "json_line", "repeat": 1, "budget": 25},
+    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command (seed 0), phase by "
+     "phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN], "parse": "json_line",
+     "seeds": [0], "budget": 20},
 ]  # fmt: skip
 
 # The memory suites (benchmarks/memory_suite.py reads them): one `accel-mnist train` launch per
@@ -230,7 +247,7 @@ SUITES: dict[str, dict[str, Any]] = {
             "seed_script",
         ],
     },
-    "h200_speed": {"rows": H200_SPEED, "needs": "cuda", "plot": ["recipe", "recipe_plain"]},
+    "h200_speed": {"rows": H200_SPEED, "needs": "cuda", "plot": ["recipe_graph", "recipe_graph_plain"]},
     "memory_cpu": {"rows": MEMORY_CPU, "plot": None},
     "memory_h200": {"rows": MEMORY_H200, "needs": "cuda", "plot": None},
     "memory_h200x2": {"rows": MEMORY_H200X2, "needs": "cuda", "plot": None},

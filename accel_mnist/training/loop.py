@@ -175,9 +175,8 @@ class TrainingRun:
         self.batches = len(self.data)  # micro-batches per epoch on each process
         # After any checkpoint is loaded: capture records the optimizer state tensors it finds.
         batch_shape = (self.config.batch_size, *self.state.input_shape)
-        self.step, step_facts = build_step(self.accelerator, self.config, self.model, self.optimizer, batch_shape)
+        self.step = build_step(self.accelerator, self.config, self.model, self.optimizer, batch_shape)
         self.input_dtype = self.step.input_dtype  # the evaluation's too
-        self.facts.update(step_facts)
         # The train loss's sum and the non-finite steps, folded only where the loop syncs anyway.
         sums, rank = self.state.loss_sums, self.accelerator.process_index
         self.losses = LossTally(self.accelerator.device, sums[rank] if sums else 0.0)
@@ -321,7 +320,7 @@ class TrainingRun:
             self.metrics,
             self.confusion_matrix,
             steps_per_epoch=self.steps_per_epoch,
-            facts={**self.facts, "memory": self.memory.results()},
+            facts={**self.facts, **self.step.facts, "memory": self.memory.results()},
             wall_seconds=time.perf_counter() - start,
         )
         self.run_dir.write_results(results)

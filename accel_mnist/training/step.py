@@ -14,7 +14,10 @@ says why, in one line. What capture changes, and what it costs:
 
 * Adam/AdamW run with `capturable=True` and the learning rate as a float32 device tensor that
   the schedule fills in place (torch's LRScheduler does so for tensor learning rates), so the
-  replayed step reads the current rate; the step count stays on the device.
+  replayed step reads the current rate; the step count stays on the device. Every other
+  setting is a constant of the graph: onecycle's `cycle_momentum`, which sets beta1 anew each
+  step, is refused (torch's capturable Adam reads a tensor beta1 on the host), and a setting
+  that changes after capture all the same turns the eager step on, with a line.
 * Capture wants a few eager iterations first, on a side stream (torch.cuda.graphs docs); they
   run on the real model and optimizer, and are then undone in place (parameters, buffers and
   optimizer state copied back, state created by them zeroed: what a fresh Adam starts from),
@@ -57,6 +60,8 @@ class EagerStep:
 
     def __init__(self, accelerator: Accelerator, config: TrainConfig, model: nn.Module, optimizer: Any) -> None:
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+        # What results.json says of the step: which one ran, the capture's seconds, why not captured.
+        self.facts: dict[str, Any] = {"step": "eager", "capture_seconds": 0.0}
         self.max_grad_norm = config.max_grad_norm
         self.channels_last = config.channels_last
         self.micro = MicroStep(accelerator, model)
@@ -98,7 +103,21 @@ def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> 
     inner = getattr(optimizer, "optimizer", optimizer)
     if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
         return f"optimizer {type(inner).__name__}: only torch's Adam and AdamW step from a device learning rate"
+    if config.scheduler == "onecycle" and config.cycle_momentum:
+        return (
+            "onecycle's cycle_momentum sets Adam's beta1 anew every step, and a captured step would keep the "
+            "first one; set cycle_momentum: false to capture"
+        )
     return None
+
+
+def hyperparameters(optimizer: torch.optim.Optimizer) -> list[tuple[Any, ...]]:
+    """Each param group's settings that a captured step holds as constants: all but the
+    parameters and the learning rate (a device tensor, compared by identity)."""
+    return [
+        tuple((k, id(v) if k == "lr" else v) for k, v in sorted(group.items()) if k != "params")
+        for group in optimizer.param_groups
+    ]
 
 
 class GraphedStep:
@@ -118,6 +137,10 @@ class GraphedStep:
         self.graph, self.static_loss = self._capture()
         torch.cuda.synchronize(device)
         self.capture_seconds = time.perf_counter() - start
+        # Replay uses the settings the step was captured with: a change to one later (a
+        # schedule of the caller's, say) would be ignored, so the run takes the eager step from then on.
+        self.captured_settings = hyperparameters(self.inner)
+        self.facts: dict[str, Any] = {"step": "cuda_graph", "capture_seconds": self.capture_seconds}
 
     def _work(self) -> torch.Tensor:
         loss = self.eager.loss(self.static_inputs, self.static_labels)
@@ -161,7 +184,12 @@ class GraphedStep:
         return graph, loss
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if inputs.shape != self.static_inputs.shape:
+        if self.captured and hyperparameters(self.inner) != self.captured_settings:
+            self.captured = False
+            reason = "the optimizer's settings changed after capture"
+            self.facts.update(step="eager", eager_reason=reason)
+            self.eager.accelerator.print(f"cuda_graph: the eager step from now on: {reason}")
+        if not self.captured or inputs.shape != self.static_inputs.shape:
             # The replayed backward wrote the gradients rather than adding to them: clear them.
             self.inner.zero_grad(set_to_none=True)
             return self.eager(inputs, labels)
@@ -187,12 +215,12 @@ def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> N
 
 def build_step(
     accelerator: Accelerator, config: TrainConfig, model: nn.Module, optimizer: Any, batch_shape: tuple[int, ...]
-) -> tuple[EagerStep | GraphedStep, dict[str, Any]]:
-    """The run's step, and what results.json says of it: `step` ("eager" or "cuda_graph"),
-    `capture_seconds`, and `eager_reason` where `cuda_graph` was asked for and not possible."""
+) -> EagerStep | GraphedStep:
+    """The run's step: captured where `config.cuda_graph` asks and the run allows it, else eager
+    (and, where capture was asked for, one line saying why). Its `facts` go to results.json."""
     eager = EagerStep(accelerator, config, model, optimizer)
     if not config.cuda_graph:
-        return eager, {"step": "eager", "capture_seconds": 0.0}
+        return eager
     reason = why_eager(accelerator, config, optimizer)
     if reason is None:
         try:
@@ -204,6 +232,7 @@ def build_step(
             getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)
         else:
             accelerator.print(f"cuda_graph: the step is captured ({graphed.capture_seconds:.2f} s)")
-            return graphed, {"step": "cuda_graph", "capture_seconds": graphed.capture_seconds}
+            return graphed
     accelerator.print(f"cuda_graph: eager step: {reason}")
-    return eager, {"step": "eager", "capture_seconds": 0.0, "eager_reason": reason}
+    eager.facts["eager_reason"] = reason
+    return eager

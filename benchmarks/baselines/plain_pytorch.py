@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch.backends.cudnn.benchmark = True")  # fmt: skip
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
                    help="the model (and so its convolutions) in channels-last memory format")  # fmt: skip
+    p.add_argument("--cycle-momentum", action=argparse.BooleanOptionalAction, default=True,
+                   help="onecycle: also cycle Adam's beta1, as torch's OneCycleLR does by default")  # fmt: skip
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=False,
                    help="capture forward, backward and Adam's step once as a CUDA graph (torch.cuda.graphs' "
                    "whole-network recipe) and replay it for every full batch")  # fmt: skip
@@ -89,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 RECIPE_KEYS = ("model", "batch_size", "lr", "epochs", "max_steps", "scheduler", "eval_every", "stop_at_accuracy",
-               "seed", "prewarm", "cudnn_benchmark", "channels_last", "cuda_graph")  # fmt: skip
+               "seed", "prewarm", "cudnn_benchmark", "channels_last", "cuda_graph", "cycle_momentum")  # fmt: skip
 
 
 def recipe_defaults(path: str) -> tuple[dict, list[str]]:
@@ -219,6 +221,9 @@ def run(args) -> dict:
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     graphed = args.cuda_graph and device.type == "cuda" and args.precision != "fp16"
+    if graphed and args.scheduler == "onecycle" and args.cycle_momentum:
+        # OneCycleLR sets Adam's betas anew each step; a graph would keep the first beta1.
+        raise SystemExit("error: --cuda-graph with onecycle needs --no-cycle-momentum")
     # Capture wants Adam's capturable mode and the learning rate as a device tensor (the schedule fills it).
     lr = torch.tensor(args.lr, device=device) if graphed else args.lr
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, capturable=graphed)
@@ -235,7 +240,9 @@ def run(args) -> dict:
     warmup = min(args.warmup_steps, max(total_steps - 1, 0))
     scheduler = None
     if args.scheduler == "onecycle":
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=max(total_steps, 1))
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=args.lr, total_steps=max(total_steps, 1), cycle_momentum=args.cycle_momentum
+        )
     curve: list[dict] = []
     paused = 0.0  # seconds of evaluation inside the run, left out of train_seconds
 

@@ -12,9 +12,9 @@ from tests.helpers import REPO, final_weights, run_accel_mnist
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-# The fast recipe for 130 steps: past the epoch's last, smaller batch (step 118), which takes the
-# eager step between replays; evaluations at 65 and 130, checkpoints every 60.
-RUN = ["train", "--config", str(REPO / "recipes" / "fast99.yaml"), "--max-steps", "130", "--eval-every", "65",
+# The captured recipe for 130 steps: past the epoch's last, smaller batch (step 118), which takes
+# the eager step between replays; evaluations at 65, 118 (the epoch's end) and 130, checkpoints every 60.
+RUN = ["train", "--config", str(REPO / "recipes" / "fast99_graph.yaml"), "--max-steps", "130", "--eval-every", "65",
        "--stop-at-accuracy", "none", "--checkpoint-every", "60", "--keep-checkpoints", "10", "--no-export",
        "--quiet"]  # fmt: skip
 
@@ -45,7 +45,7 @@ def test_the_recipe_step_is_captured(runs):
 
 def test_captured_and_eager_steps_train_alike(runs):
     graph, eager = _rows(runs["graph"][0]), _rows(runs["eager"][0])
-    assert [r["step"] for r in graph] == [r["step"] for r in eager] == [65, 130]
+    assert [r["step"] for r in graph] == [r["step"] for r in eager] == [65, 118, 130]
     for g, e in zip(graph, eager, strict=True):
         print(f"step {g['step']}: train_loss {g['train_loss']:.6f}/{e['train_loss']:.6f} "
               f"test_accuracy {g['test_accuracy']:.4f}/{e['test_accuracy']:.4f}")  # fmt: skip
@@ -81,3 +81,12 @@ def test_mixed_precision(precision, said, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert said in proc.stdout
     assert _rows(tmp_path)[-1]["test_accuracy"] > 0.9
+
+
+def test_onecycle_cycling_beta1_keeps_the_eager_step(tmp_path):
+    # fast99.yaml cycles Adam's beta1 every step, which a captured step would freeze.
+    proc = run_accel_mnist("train", "--config", str(REPO / "recipes" / "fast99.yaml"), "--max-steps", "5",
+                           "--output-dir", str(tmp_path), "--cuda-graph", "--no-export", "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cuda_graph: eager step: onecycle's cycle_momentum" in proc.stdout
+    assert json.loads((tmp_path / "results.json").read_text())["step"] == "eager"

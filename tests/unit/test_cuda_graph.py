@@ -10,7 +10,14 @@ import torch
 from accelerate.utils import DistributedType
 
 from accel_mnist import TrainConfig
-from accel_mnist.training.step import EagerStep, build_step, make_capturable, to_memory_format, why_eager
+from accel_mnist.training.step import (
+    EagerStep,
+    build_step,
+    hyperparameters,
+    make_capturable,
+    to_memory_format,
+    why_eager,
+)
 
 
 def _accelerator(device="cuda", kind=DistributedType.NO, processes=1, accum=1, scaler=None, precision="no"):
@@ -34,10 +41,28 @@ def _adam(params=None):
         (_accelerator(scaler=object()), {}, _adam(), "fp16's grad scaler"),
         (_accelerator(precision="fp8"), {}, _adam(), "fp8"),
         (_accelerator(), {}, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), "optimizer SGD"),
+        (_accelerator(), {"scheduler": "onecycle"}, _adam(), "onecycle's cycle_momentum sets Adam's beta1"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_captured_is_named(accelerator, config, optimizer, reason):
     assert reason in why_eager(accelerator, TrainConfig(**config), optimizer)  # type: ignore[arg-type,operator]
+
+
+def test_onecycle_without_momentum_cycling_can_be_captured():
+    config = TrainConfig(scheduler="onecycle", cycle_momentum=False)
+    assert why_eager(_accelerator(), config, _adam()) is None  # type: ignore[arg-type]
+
+
+def test_onecycle_sets_beta1_anew_each_step_unless_told_not_to():
+    # What the captured step guards against: the graph holds every setting but the lr tensor.
+    for cycle, changes in ((True, True), (False, False)):
+        optimizer = _adam()
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=20, cycle_momentum=cycle)
+        make_capturable(optimizer, torch.device("cpu"))
+        before = hyperparameters(optimizer)
+        optimizer.step()
+        schedule.step()
+        assert (hyperparameters(optimizer) != before) is changes
 
 
 def test_one_cuda_process_with_adam_can_be_captured():
@@ -51,18 +76,18 @@ def test_one_cuda_process_with_adam_can_be_captured():
 def test_on_the_cpu_the_run_takes_the_eager_step_and_says_why(capsys):
     model = torch.nn.Linear(4, 2)
     accelerator = _accelerator("cpu")
-    step, facts = build_step(accelerator, TrainConfig(cuda_graph=True), model, _adam(list(model.parameters())),
-                             (8, 4))  # type: ignore[arg-type]  # fmt: skip
+    step = build_step(accelerator, TrainConfig(cuda_graph=True), model, _adam(list(model.parameters())),
+                      (8, 4))  # type: ignore[arg-type]  # fmt: skip
     assert isinstance(step, EagerStep) and not step.captured
-    assert facts == {"step": "eager", "capture_seconds": 0.0,
-                     "eager_reason": "the device is cpu; CUDA graphs need a CUDA GPU"}  # fmt: skip
+    assert step.facts == {"step": "eager", "capture_seconds": 0.0,
+                          "eager_reason": "the device is cpu; CUDA graphs need a CUDA GPU"}  # fmt: skip
     assert capsys.readouterr().out == "cuda_graph: eager step: the device is cpu; CUDA graphs need a CUDA GPU\n"
 
 
 def test_without_cuda_graph_nothing_is_said(capsys):
     model = torch.nn.Linear(4, 2)
-    step, facts = build_step(_accelerator(), TrainConfig(), model, _adam(list(model.parameters())), (8, 4))  # type: ignore[arg-type]
-    assert isinstance(step, EagerStep) and facts == {"step": "eager", "capture_seconds": 0.0}
+    step = build_step(_accelerator(), TrainConfig(), model, _adam(list(model.parameters())), (8, 4))  # type: ignore[arg-type]
+    assert isinstance(step, EagerStep) and step.facts == {"step": "eager", "capture_seconds": 0.0}
     assert capsys.readouterr().out == ""
 
 

@@ -10,3 +10,18 @@ def test_the_fast_recipe_file_is_a_valid_training_config():
     args = type("Args", (), {"config": str(REPO / "recipes" / "fast99.yaml")})()
     recipe = config_from_args(args)  # type: ignore[arg-type]
     assert recipe.model == "bncnn" and recipe.prewarm and not recipe.plots and recipe.stop_at_accuracy == 0.99
+
+
+def test_the_captured_recipe_is_fast99_with_the_step_captured():
+    import yaml
+
+    from accel_mnist.config import TrainConfig
+    from tests.helpers import REPO
+
+    recipes = REPO / "recipes"
+    plain, graph = (yaml.safe_load((recipes / name).read_text()) for name in ("fast99.yaml", "fast99_graph.yaml"))
+    TrainConfig.from_dict(graph)
+    # cycle_momentum off: a captured step holds beta1 constant (training/step.py).
+    changed = {k: graph[k] for k in graph if plain.get(k) != graph[k]}
+    assert changed == {"cycle_momentum": False, "cuda_graph": True, "channels_last": True,
+                       "output_dir": "outputs/fast99_graph"}  # fmt: skip
