@@ -168,6 +168,12 @@ H200_SPEED: list[Row] = [
      "cudnn_benchmark=true, 10 seeds in one process", "needs": "recipe",
      "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-9", "--set", "cudnn_benchmark=true"],
      "parse": "json_line", "repeat": 1, "budget": 25},
+    *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
+       f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
+       "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
+       "env": {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_MODE": mode}, "parse": "json_line",
+       "repeat": 1, "budget": 90}
+      for mode in ("default", "max-autotune-no-cudagraphs", "reduce-overhead")],
     {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command (seed 0), phase by "
      "phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN], "parse": "json_line",
      "seeds": [0], "budget": 20},

@@ -100,6 +100,9 @@ def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> 
         return "fp16's grad scaler checks the gradients on the host each step; use bf16 or no mixed precision"
     if accelerator.mixed_precision == "fp8":
         return "fp8 layers are not captured here"
+    backend = str(accelerator.state.dynamo_plugin.backend.value).lower()
+    if backend != "no":
+        return f"torch.compile (dynamo_backend {backend}) is not captured here (its reduce-overhead mode captures)"
     inner = getattr(optimizer, "optimizer", optimizer)
     if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
         return f"optimizer {type(inner).__name__}: only torch's Adam and AdamW step from a device learning rate"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, DynamoBackend
 
 from accel_mnist import TrainConfig
 from accel_mnist.training.step import (
@@ -20,9 +20,11 @@ from accel_mnist.training.step import (
 )
 
 
-def _accelerator(device="cuda", kind=DistributedType.NO, processes=1, accum=1, scaler=None, precision="no"):
+def _accelerator(device="cuda", kind=DistributedType.NO, processes=1, accum=1, scaler=None, precision="no",
+                 dynamo=DynamoBackend.NO):  # fmt: skip
     return SimpleNamespace(device=torch.device(device), distributed_type=kind, num_processes=processes,
                            gradient_accumulation_steps=accum, scaler=scaler, mixed_precision=precision,
+                           state=SimpleNamespace(dynamo_plugin=SimpleNamespace(backend=dynamo)),
                            print=print)  # fmt: skip
 
 
@@ -40,6 +42,7 @@ def _adam(params=None):
         (_accelerator(), {"max_grad_norm": 1.0}, _adam(), "max_grad_norm: gradient clipping is not captured"),
         (_accelerator(scaler=object()), {}, _adam(), "fp16's grad scaler"),
         (_accelerator(precision="fp8"), {}, _adam(), "fp8"),
+        (_accelerator(dynamo=DynamoBackend.INDUCTOR), {}, _adam(), "torch.compile (dynamo_backend inductor)"),
         (_accelerator(), {}, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), "optimizer SGD"),
         (_accelerator(), {"scheduler": "onecycle"}, _adam(), "onecycle's cycle_momentum sets Adam's beta1"),
     ],
