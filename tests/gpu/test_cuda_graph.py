@@ -67,7 +67,10 @@ def test_a_captured_run_resumes_from_its_checkpoint(runs, tmp_path):
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     exact = all(torch.equal(a[k], b[k]) for k in a)
     print(f"resumed at 60 vs uninterrupted, after 130 steps: largest difference {worst:.3g}, bit for bit: {exact}")
-    assert worst < 1e-3
+    # cuDNN's default kernels are not all deterministic: two uninterrupted GPU runs already differ
+    # (1.4e-4 after a short run, benchmarks/results/h200-2026-12-01b); a wrong resume differs by
+    # whole units (4.7 when capture froze onecycle's beta1, h200-2026-12-01d).
+    assert worst < 1e-2
     assert _rows(tmp_path)[-1]["test_accuracy"] == pytest.approx(_rows(graph)[-1]["test_accuracy"], abs=0.002)
 
 
