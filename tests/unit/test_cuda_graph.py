@@ -122,3 +122,16 @@ def test_channels_last_changes_the_layout_not_the_values():
     to_memory_format(model, TrainConfig(channels_last=True))
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last) and not model[0].weight.is_contiguous()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_run_asking_for_capture_on_the_cpu_trains_eagerly_and_records_why(synthetic_mnist, tmp_path, capsys):
+    from accel_mnist import train
+
+    config = TrainConfig(model="linear", data_dir=str(synthetic_mnist), download=False, max_steps=3,
+                         output_dir=str(tmp_path / "run"), cuda_graph=True, channels_last=True, export=False,
+                         plots=False, save_checkpoints=False, quiet=True)  # fmt: skip
+    results = train(config)
+    assert results["step"] == "eager" and results["capture_seconds"] == 0.0
+    assert results["eager_reason"] == "the device is cpu; CUDA graphs need a CUDA GPU"
+    assert "cuda_graph: eager step: the device is cpu" in capsys.readouterr().out
+    assert results["steps"] == 3
