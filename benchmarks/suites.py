@@ -128,7 +128,8 @@ H200: list[Row] = [
 # Issue 21's speed suite on one H200, one call: the seeds of recipes/fast99_graph.yaml in one
 # process (as speed records time them; benchmarks/repeat.py), accel_mnist and its plain twin,
 # captured and eager on the same recipe; the step's makeup (benchmarks/step_profile.py); then
-# fresh commands of both, and one command's timeline. {recipe} is the eager fast99.yaml.
+# fresh commands of both, variants, one command's timeline, and torch.compile's modes last.
+# {recipe} is the eager fast99.yaml.
 GRAPH_RECIPE = "recipes/fast99_graph.yaml"
 REPEAT = ["{python}", "-m", "benchmarks.repeat", "--data-dir", "{data}"]
 GRAPH_RUN = [*RECIPE_RUN[:2], GRAPH_RECIPE, *RECIPE_RUN[3:]]
@@ -168,15 +169,15 @@ H200_SPEED: list[Row] = [
      "cudnn_benchmark=true, 10 seeds in one process", "needs": "recipe",
      "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-9", "--set", "cudnn_benchmark=true"],
      "parse": "json_line", "repeat": 1, "budget": 25},
+    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command (seed 0), phase by "
+     "phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN], "parse": "json_line",
+     "seeds": [0], "budget": 20},
     *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
        f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
        "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
        "env": {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_MODE": mode}, "parse": "json_line",
        "repeat": 1, "budget": 90}
       for mode in ("default", "max-autotune-no-cudagraphs", "reduce-overhead")],
-    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command (seed 0), phase by "
-     "phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN], "parse": "json_line",
-     "seeds": [0], "budget": 20},
 ]  # fmt: skip
 
 # The memory suites (benchmarks/memory_suite.py reads them): one `accel-mnist train` launch per
