@@ -123,6 +123,33 @@ def hyperparameters(optimizer: torch.optim.Optimizer) -> list[tuple[Any, ...]]:
     ]
 
 
+class Snapshot:
+    """The model's parameters and buffers and the optimizer's state, to be put back in place
+    (the same tensors, so that a graph recorded on them stays valid). State the optimizer
+    creates after the snapshot is zeroed on restore: what a fresh Adam or AdamW starts from."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        with torch.no_grad():
+            self.tensors = [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
+            self.state = {
+                id(p): {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in optimizer.state.items()
+            }
+
+    def restore(self) -> None:
+        """Copy everything back into the tensors it was taken from."""
+        with torch.no_grad():
+            for tensor, value in zip((*self.model.parameters(), *self.model.buffers()), self.tensors, strict=True):
+                tensor.copy_(value)
+            for p, state in self.optimizer.state.items():
+                before = self.state.get(id(p), {})
+                for key, value in state.items():
+                    if key in before:
+                        value.copy_(before[key])
+                    elif torch.is_tensor(value):
+                        value.zero_()
+
+
 class GraphedStep:
     """The eager step's work recorded once as a CUDA graph, replayed for every batch of its shape."""
 
@@ -152,13 +179,8 @@ class GraphedStep:
         return loss
 
     def _capture(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        model, inner = self.eager.model, self.inner
-        kept = [*model.parameters(), *model.buffers()]
-        with torch.no_grad():
-            saved = [t.detach().clone() for t in kept]
-            saved_state = {
-                id(p): {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in inner.state.items()
-            }
+        inner = self.inner
+        snapshot = Snapshot(self.eager.model, inner)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -166,16 +188,7 @@ class GraphedStep:
                 inner.zero_grad(set_to_none=True)
                 self._work()
         torch.cuda.current_stream().wait_stream(side)
-        with torch.no_grad():  # undo the warm-up: the run starts from the weights and state it had
-            for tensor, value in zip(kept, saved, strict=True):
-                tensor.copy_(value)
-            for p, state in inner.state.items():
-                before = saved_state.get(id(p), {})
-                for key, value in state.items():
-                    if key in before:
-                        value.copy_(before[key])
-                    elif torch.is_tensor(value):
-                        value.zero_()
+        snapshot.restore()  # the run starts from the weights and state it had
         inner.zero_grad(set_to_none=True)  # the gradients are then allocated from the graph's pool
         graph = torch.cuda.CUDAGraph()
         # thread_local: the run's own threads (the lock's lease) make no CUDA calls, and another

@@ -135,3 +135,43 @@ def test_a_run_asking_for_capture_on_the_cpu_trains_eagerly_and_records_why(synt
     assert results["eager_reason"] == "the device is cpu; CUDA graphs need a CUDA GPU"
     assert "cuda_graph: eager step: the device is cpu" in capsys.readouterr().out
     assert results["steps"] == 3
+
+
+def _bn_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))  # fmt: skip
+
+
+def _steps(model, optimizer, n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        optimizer.zero_grad(set_to_none=True)
+        x, y = torch.randn(8, 1, 8, 8, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("trained_before", [0, 2])  # a fresh optimizer, and one with state (a resume)
+def test_the_warm_up_before_capture_is_undone_bit_for_bit(trained_before):
+    import copy
+
+    from accel_mnist.training.step import Snapshot
+
+    model = _bn_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _steps(model, optimizer, trained_before, seed=1)
+    twin = copy.deepcopy(model)
+    twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # load_state_dict keeps the tensors
+    tensors = [id(t) for t in (*model.parameters(), *model.buffers())]
+    snapshot = Snapshot(model, optimizer)
+    _steps(model, optimizer, 3, seed=2)  # capture's warm-up: real steps, running stats included
+    snapshot.restore()
+    assert [id(t) for t in (*model.parameters(), *model.buffers())] == tensors  # the same tensors, in place
+    _steps(model, optimizer, 4, seed=3)
+    _steps(twin, twin_optimizer, 4, seed=3)
+    for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    for state, twin_state in zip(optimizer.state.values(), twin_optimizer.state.values(), strict=True):
+        assert all(torch.equal(state[k], twin_state[k]) for k in state)
