@@ -29,6 +29,7 @@ from accelerate import Accelerator
 
 from ..config import TrainConfig
 from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict, summary_line
+from .step import torch_optimizer
 
 PEAK_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "alloc_retries", "ooms")
 _GRADIENTS = "gradient_bytes"
@@ -95,7 +96,7 @@ class MemoryWatch:
                 watch._remove_gradient_hooks()
 
         watch._gradient_hooks = [p.register_post_accumulate_grad_hook(accumulated) for p in params]
-        inner = _torch_optimizer(optimizer)
+        inner = torch_optimizer(optimizer)
         if inner is not None:
             watch._step_hook = inner.register_step_pre_hook(lambda *_: watch._first_step())
         return watch
@@ -213,18 +214,6 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else tensor
 
 
-def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
-    """The innermost torch optimizer behind Accelerate's and DeepSpeed's wrappers."""
-    found = None
-    for _ in range(4):
-        if isinstance(optimizer, torch.optim.Optimizer):
-            found = optimizer
-        optimizer = getattr(optimizer, "optimizer", None)
-        if optimizer is None:
-            break
-    return found
-
-
 # The ZeRO optimizers' 16-bit parameters: flat (ZeRO-1/2), partitioned (ZeRO-3), host copies (offload).
 _ZERO_PARAMETERS = ("bit16_groups_flat", "fp16_partitioned_groups_flat",
                     "param_buffer_of_bit16_for_cpu_offload_groups", "param_groups_fp16_flat_cpu_memory")  # fmt: skip
@@ -244,7 +233,7 @@ def _count_holders(tally: _Tally, model: Any, optimizer: Any) -> None:
             tally.add("parameter_bytes", getattr(zero, name, None))
         tally.add("parameter_bytes", [getattr(p, "ds_tensor", None) for p in params])
     tally.add("parameter_bytes", params)
-    inner = _torch_optimizer(optimizer)
+    inner = torch_optimizer(optimizer)
     masters: list[Any] = []
     if zero is not None:
         masters = list(getattr(zero, "single_partition_of_fp32_groups", None) or [])

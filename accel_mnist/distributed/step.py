@@ -27,6 +27,18 @@ from accelerate import Accelerator
 from .strategy_checks import REPLICATED
 
 
+def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The innermost torch optimizer behind Accelerate's, DeepSpeed's and this module's wrappers."""
+    found = None
+    for _ in range(4):
+        if isinstance(optimizer, torch.optim.Optimizer):
+            found = optimizer
+        optimizer = getattr(optimizer, "optimizer", None)
+        if optimizer is None:
+            break
+    return found
+
+
 class DirectStep:
     """The prepared optimizer, with `step` and `zero_grad` as Accelerate would do them here."""
 

@@ -235,7 +235,7 @@ class TrainingRun:
         self.bar.close()
 
     def micro_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Forward, backward and (at the end of an accumulation) the optimizer step of one micro-batch."""
+        """One micro-batch through the run's step (training/step.py), and its bookkeeping."""
         state = self.state
         loss = self.step(inputs, labels)
         self.losses.add(loss)

@@ -41,7 +41,7 @@ from accelerate.utils import DistributedType
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed.step import MicroStep
+from ..distributed.step import MicroStep, torch_optimizer
 from ..model_output import logits_of
 
 # Eager iterations before capture: torch's docs use 3 (11 under DDP, not captured here).
@@ -103,9 +103,10 @@ def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> 
     backend = str(accelerator.state.dynamo_plugin.backend.value).lower()
     if backend != "no":
         return f"torch.compile (dynamo_backend {backend}) is not captured here (its reduce-overhead mode captures)"
-    inner = getattr(optimizer, "optimizer", optimizer)
+    inner = torch_optimizer(optimizer)
     if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
-        return f"optimizer {type(inner).__name__}: only torch's Adam and AdamW step from a device learning rate"
+        name = type(inner if inner is not None else optimizer).__name__
+        return f"optimizer {name}: only torch's Adam and AdamW step from a device learning rate"
     if config.scheduler == "onecycle" and config.cycle_momentum:
         return (
             "onecycle's cycle_momentum sets Adam's beta1 anew every step, and a captured step would keep the "
@@ -155,9 +156,9 @@ class GraphedStep:
 
     captured = True
 
-    def __init__(self, eager: EagerStep, optimizer: Any, batch_shape: tuple[int, ...]) -> None:
+    def __init__(self, eager: EagerStep, inner: torch.optim.Optimizer, batch_shape: tuple[int, ...]) -> None:
         self.eager, self.input_dtype = eager, eager.input_dtype
-        self.inner: torch.optim.Optimizer = getattr(optimizer, "optimizer", optimizer)
+        self.inner = inner  # the torch optimizer itself: its step is what is captured
         device = eager.accelerator.device
         make_capturable(self.inner, device)
         layout = torch.channels_last if eager.channels_last and len(batch_shape) == 4 else torch.contiguous_format
@@ -181,20 +182,26 @@ class GraphedStep:
     def _capture(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         inner = self.inner
         snapshot = Snapshot(self.eager.model, inner)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_ITERATIONS):
-                inner.zero_grad(set_to_none=True)
-                self._work()
-        torch.cuda.current_stream().wait_stream(side)
-        snapshot.restore()  # the run starts from the weights and state it had
-        inner.zero_grad(set_to_none=True)  # the gradients are then allocated from the graph's pool
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the run's own threads (the lock's lease) make no CUDA calls, and another
-        # library's would otherwise fail the capture.
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            loss = self._work()
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_ITERATIONS):
+                    inner.zero_grad(set_to_none=True)
+                    self._work()
+            torch.cuda.current_stream().wait_stream(side)
+            snapshot.restore()  # the run starts from the weights and state it had
+            inner.zero_grad(set_to_none=True)  # the gradients are then allocated from the graph's pool
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the run's own threads (the lock's lease) make no CUDA calls, and another
+            # library's would otherwise fail the capture.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                loss = self._work()
+        except RuntimeError:
+            # The eager step then trains from where the run stood, not from the warm-up's steps.
+            torch.cuda.synchronize()
+            snapshot.restore()
+            raise
         # Replay writes these; eager steps in between (other shapes) leave them to the graph.
         self.static_grads = [p.grad for group in inner.param_groups for p in group["params"]]
         return graph, loss
@@ -238,14 +245,15 @@ def build_step(
     if not config.cuda_graph:
         return eager
     reason = why_eager(accelerator, config, optimizer)
-    if reason is None:
+    inner = torch_optimizer(optimizer)
+    if reason is None and inner is not None:
         try:
-            graphed = GraphedStep(eager, optimizer, batch_shape)
+            graphed = GraphedStep(eager, inner, batch_shape)
         except RuntimeError as e:  # a model or setting that cannot be captured
             from ..errors import one_line
 
             reason = f"capture failed: {one_line(e)}"
-            getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)
+            inner.zero_grad(set_to_none=True)
         else:
             accelerator.print(f"cuda_graph: the step is captured ({graphed.capture_seconds:.2f} s)")
             return graphed
