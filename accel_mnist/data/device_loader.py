@@ -44,7 +44,7 @@ from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 
 from .placement import HOLDABLE, copy_fits
-from .tensor_dataset import Normaliser
+from .tensor_dataset import Normaliser, check_images
 
 __all__ = ["DeviceLoader"]
 
@@ -95,10 +95,7 @@ class DeviceLoader(DataLoaderStateMixin):
     ) -> None:
         if images.dtype not in HOLDABLE:
             raise ValueError(f"images must be uint8 or float32, got {images.dtype}")
-        if images.ndim not in (3, 4):
-            raise ValueError(f"images must be (N, H, W) or (N, C, H, W), got {tuple(images.shape)}")
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        check_images(images, labels)
         if len(images) == 0:
             raise ValueError("no samples")
         if batch_size < 1:

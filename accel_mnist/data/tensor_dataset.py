@@ -85,6 +85,14 @@ class Normaliser:
         return pixels.to(torch.float32).sub(mean).div_(std)
 
 
+def check_images(images: torch.Tensor, labels: torch.Tensor) -> None:
+    """Raise ValueError unless `images` is (N, H, W) or (N, C, H, W) with one label each."""
+    if images.ndim not in (3, 4):
+        raise ValueError(f"images must be (N, H, W) or (N, C, H, W), got {tuple(images.shape)}")
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+
+
 class ImageTensorDataset(Dataset):
     """uint8 or float32 images, (N, H, W) or (N, C, H, W), + int64 labels; yields
     ((C, H, W) float32 normalised, int64 label), C = 1 for (N, H, W).
@@ -103,10 +111,7 @@ class ImageTensorDataset(Dataset):
         num_classes: int | None = None,
         class_names: Sequence[str] | None = None,
     ):
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        if images.ndim not in (3, 4):
-            raise ValueError(f"images must be (N, H, W) or (N, C, H, W), got {tuple(images.shape)}")
+        check_images(images, labels)
         self.images = images
         self.labels = labels
         self.mean = float(mean)
