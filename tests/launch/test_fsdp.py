@@ -98,6 +98,12 @@ MAKE_CHECKPOINTS = textwrap.dedent(
     # ("terminate called without an active exception", seen in CI): free it, then end the group.
     del model, opt, full, live
     state.destroy_process_group()
+    # Even so, with torch 2.14.1 one run in eight still aborted in the interpreter's teardown,
+    # after destroy_process_group had returned on both ranks. Every file is written and closed
+    # by now: leave without the teardown.
+    import os
+    sys.stdout.flush()
+    os._exit(0)
     """
 )
 
@@ -166,6 +172,7 @@ def _keys(file: Path) -> list[str]:
     return list(load_file(file).keys())
 
 
+@pytest.mark.usefixtures("mnist_dir")  # the real MNIST files: skipped where they are absent
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["single", "ddp"])
 def test_dynamo_from_the_launcher(strategy, tmp_path):
@@ -196,6 +203,7 @@ def test_dynamo_from_the_launcher(strategy, tmp_path):
     assert resumed["warmup_seconds"] > results["warmup_seconds"]  # a second start, a second warm-up
 
 
+@pytest.mark.usefixtures("mnist_dir")  # the real MNIST files: skipped where they are absent
 @pytest.mark.slow
 def test_dynamo_under_deepspeed_from_the_environment(tmp_path):
     out = tmp_path / "run"

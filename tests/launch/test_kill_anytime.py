@@ -44,6 +44,7 @@ def reference(tmp_path_factory):
     return get
 
 
+@pytest.mark.usefixtures("mnist_dir")  # the real MNIST files: skipped where they are absent
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", [None, DDP], ids=["single", "ddp"])
 def test_sigkill_at_moments_chosen_by_the_clock_then_auto_resume_is_exact(launch, reference, tmp_path):
@@ -83,6 +84,7 @@ def test_sigkill_at_moments_chosen_by_the_clock_then_auto_resume_is_exact(launch
     same_weights(whole, out)
 
 
+@pytest.mark.usefixtures("mnist_dir")  # the real MNIST files: skipped where they are absent
 @pytest.mark.slow
 def test_workers_exit_soon_after_their_launcher_is_killed(reference, tmp_path):
     whole, _ = reference(DDP)
