@@ -27,12 +27,15 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+_IMPORT_START = time.perf_counter()
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split
-from accel_mnist.models import build_model, num_parameters
-from benchmarks import benchlib
+from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split  # noqa: E402
+from accel_mnist.models import build_model, num_parameters  # noqa: E402
+from benchmarks import benchlib  # noqa: E402
+
+_IMPORTS_DONE = time.perf_counter()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,6 +74,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--metrics-out",
         default=None,
         help="JSON lines of step, train_seconds, test_accuracy per evaluation (accel_mnist's metrics.jsonl keys)",
+    )
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print, as the last line, one JSON line of this command's phases (benchmarks.timeline's keys)",
     )
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=False,
                    help="one untimed forward/backward on a copy of the model before the clock starts")  # fmt: skip
@@ -209,6 +217,18 @@ def capture(model, optimizer, static_x, static_y, autocast):
 
 
 def run(args) -> dict:
+    phases: dict[str, dict[str, float]] = {}
+    tick = time.perf_counter()
+
+    def phase(name: str) -> None:
+        """Close the phase running since the last call (benchmarks.timeline's record shape)."""
+        nonlocal tick
+        now = time.perf_counter()
+        entry = phases.setdefault(name, {"seconds": 0.0, "calls": 0})
+        entry["seconds"] += now - tick
+        entry["calls"] += 1
+        tick = now
+
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
@@ -217,6 +237,7 @@ def run(args) -> dict:
     if args.precision == "fp16" and device.type == "cpu":
         raise SystemExit("error: --precision fp16 needs a GPU (use no or bf16 on CPU)")
     train_loader, test_loader = build_loaders(args, device)
+    phase("data")
     model = build_model(args.model).to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -243,6 +264,7 @@ def run(args) -> dict:
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=args.lr, total_steps=max(total_steps, 1), cycle_momentum=args.cycle_momentum
         )
+    phase("prepare")
     curve: list[dict] = []
     paused = 0.0  # seconds of evaluation inside the run, left out of train_seconds
 
@@ -256,6 +278,8 @@ def run(args) -> dict:
                "train_seconds": tick - start - paused, "epoch_end": epoch_end}  # fmt: skip
         curve.append(row)
         paused += time.perf_counter() - tick
+        phases.setdefault("evaluate", {"seconds": 0.0, "calls": 0})["seconds"] += time.perf_counter() - tick
+        phases["evaluate"]["calls"] += 1
         return args.stop_at_accuracy is not None and accuracy >= args.stop_at_accuracy
 
     model.train()
@@ -270,6 +294,8 @@ def run(args) -> dict:
             loss = F.cross_entropy(spare(x.to(device)).float(), y.to(device))
         loss.backward()
         del spare
+        sync(device)
+        phase("prewarm")
     capture_seconds = 0.0
     if graphed:
         tick = time.perf_counter()
@@ -278,6 +304,7 @@ def run(args) -> dict:
         graph, static_loss = capture(model, optimizer, static_x, static_y, autocast)
         sync(device)
         capture_seconds = time.perf_counter() - tick
+        phase("step_setup")
     step = 0
     samples_timed = 0
     sync(device)
@@ -315,6 +342,8 @@ def run(args) -> dict:
             total_steps = step
     sync(device)
     end = time.perf_counter()
+    phase("loop")  # the steps, evaluation included
+    phases["loop"]["seconds"] -= paused
     timed_steps = step - warmup
     elapsed = end - timed_start - paused
     if args.metrics_out:
@@ -335,6 +364,8 @@ def run(args) -> dict:
     }
     if not args.no_eval:
         result["test_accuracy"] = evaluate(model, test_loader, device, autocast)
+        phase("final_evaluate")
+    result["phases"] = phases
     return result
 
 
@@ -348,12 +379,30 @@ def main(argv=None) -> int:
     tag = (
         f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}{args.tag and '-' + args.tag}"
     )
+    tick = time.perf_counter()
     benchlib.save_record("plain_pytorch", tag, record, args.out)
+    result["phases"]["write_record"] = {"seconds": time.perf_counter() - tick, "calls": 1}
     print(
         f"plain_pytorch {tag}: {result['samples_per_second']:.0f} samples/s, {result['ms_per_step']:.3f} ms/step, "
         f"train {result['train_seconds']:.2f} s, test_accuracy {result.get('test_accuracy', float('nan')):.4f}"
     )
+    if args.timeline:
+        print(json.dumps(timeline_of(result["phases"]), sort_keys=True))
     return 0
+
+
+def timeline_of(phases: dict[str, dict[str, float]]) -> dict:
+    """benchmarks.timeline's record for this command: its imports, then the phases of run()."""
+    from benchmarks.timeline import process_age
+
+    age = process_age()
+    return {
+        "python_start": None if age is None else age - (time.perf_counter() - _IMPORT_START),
+        "import_cli": _IMPORTS_DONE - _IMPORT_START,
+        "phases": phases,
+        "other_in_train": 0.0,
+        "process_seconds": age,
+    }
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -216,3 +217,28 @@ def test_readme_takes_each_group_from_its_newest_folder_and_notices_a_stale_regi
     page.write_text("# no markers\n")
     with pytest.raises(ValueError):
         readme.main(args)
+
+
+@pytest.mark.usefixtures("mnist_dir")
+@pytest.mark.parametrize("twin", [False, True], ids=["accel_mnist", "plain_twin"])
+def test_a_command_timeline_accounts_for_its_phases(twin, tmp_path):
+    # The two commands' timelines are compared phase by phase (suite h200_speed): train() must be
+    # timed as a whole, so that the phases inside it leave a non-negative rest.
+    import subprocess
+    import sys
+
+    from tests.helpers import MNIST_DIR
+
+    args = (["-m", "benchmarks.baselines.plain_pytorch", "--model", "linear", "--batch-size", "64", "--max-steps",
+             "3", "--cpu", "--warmup", "--timeline"] if twin else
+            ["-m", "benchmarks.timeline", "train", "--model", "linear", "--max-steps", "3", "--no-export",
+             "--output-dir", str(tmp_path / "run"), "--quiet"])  # fmt: skip
+    proc = subprocess.run([sys.executable, *args, "--data-dir", str(MNIST_DIR)], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    timeline = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert timeline["import_cli"] > 0 and timeline["process_seconds"] > 0
+    names = set(timeline["phases"])
+    assert ({"data", "prewarm", "loop"} if twin else {"train", "data", "prepare", "evaluate"}) <= names, names
+    assert timeline["other_in_train"] >= 0
+    assert sum(p["seconds"] for n, p in timeline["phases"].items() if n != "train") < timeline["process_seconds"]
