@@ -23,10 +23,19 @@ def _rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def drift(a: dict, b: dict) -> float:
+    """The largest relative difference between two runs' floating-point tensors, ||a - b|| / ||b||."""
+    assert a.keys() == b.keys()
+    return max(((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-12)).item()
+               for k in a if b[k].is_floating_point())  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     done = {}
-    for name, flag in (("graph", "--cuda-graph"), ("eager", "--no-cuda-graph")):
+    # Two eager runs: cuDNN's default kernels are not all deterministic, so two runs of the same
+    # command drift apart, and more so at onecycle's peak learning rate; that drift is the yardstick.
+    for name, flag in (("graph", "--cuda-graph"), ("eager", "--no-cuda-graph"), ("eager_again", "--no-cuda-graph")):
         out = tmp_path_factory.mktemp(name)
         proc = run_accel_mnist(*RUN, "--output-dir", str(out), flag)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,10 +60,13 @@ def test_captured_and_eager_steps_train_alike(runs):
               f"test_accuracy {g['test_accuracy']:.4f}/{e['test_accuracy']:.4f}")  # fmt: skip
         assert g["train_loss"] == pytest.approx(e["train_loss"], rel=2e-2)
         assert abs(g["test_accuracy"] - e["test_accuracy"]) <= 0.005
-    a, b = final_weights(runs["graph"][0]), final_weights(runs["eager"][0])
-    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-    print(f"largest weight difference after 130 steps, captured vs eager: {worst:.3g}")
-    assert a.keys() == b.keys() and worst < 5e-2
+    eager = final_weights(runs["eager"][0])
+    captured, noise = drift(final_weights(runs["graph"][0]), eager), drift(final_weights(runs["eager_again"][0]), eager)
+    print(f"after 130 steps, relative weight drift: captured vs eager {captured:.3g}, eager vs eager {noise:.3g}")
+    # The captured step does Adam's arithmetic on device tensors (capturable mode), so it starts
+    # drifting from the first step, as nondeterministic kernels do; a wrong step (beta1 frozen at
+    # capture, h200-2026-12-01d) differed in loss and accuracy, which the checks above catch.
+    assert captured < max(10 * noise, 1e-3)
 
 
 def test_a_captured_run_resumes_from_its_checkpoint(runs, tmp_path):
@@ -63,14 +75,14 @@ def test_a_captured_run_resumes_from_its_checkpoint(runs, tmp_path):
                            "--resume-from", str(graph / "checkpoints" / "step_60"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "results.json").read_text())["step"] == "cuda_graph"
-    a, b = final_weights(tmp_path), final_weights(graph)
-    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-    exact = all(torch.equal(a[k], b[k]) for k in a)
-    print(f"resumed at 60 vs uninterrupted, after 130 steps: largest difference {worst:.3g}, bit for bit: {exact}")
-    # cuDNN's default kernels are not all deterministic: two uninterrupted GPU runs already differ
-    # (1.4e-4 after a short run, benchmarks/results/h200-2026-12-01b); a wrong resume differs by
-    # whole units (4.7 when capture froze onecycle's beta1, h200-2026-12-01d).
-    assert worst < 1e-2
+    resumed = drift(final_weights(tmp_path), final_weights(graph))
+    noise = drift(final_weights(runs["eager_again"][0]), final_weights(runs["eager"][0]))
+    print(f"after 130 steps, relative weight drift: resumed at 60 vs uninterrupted {resumed:.3g}, "
+          f"eager vs eager {noise:.3g}")  # fmt: skip
+    # Resumed, the run shares the first 60 steps with the uninterrupted one, so it may drift no
+    # more than two whole runs of the same command do (3x: one pair is one sample); a wrong
+    # resume (weights off by 4.7 when capture froze onecycle's beta1, h200-2026-12-01d) is far beyond.
+    assert resumed < max(3 * noise, 1e-4)
     assert _rows(tmp_path)[-1]["test_accuracy"] == pytest.approx(_rows(graph)[-1]["test_accuracy"], abs=0.002)
 
 
