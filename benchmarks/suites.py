@@ -125,11 +125,12 @@ H200: list[Row] = [
      "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *ONE_STEP], "parse": "wall", "repeat": 1, "budget": 30},
 ]  # fmt: skip
 
-# Issue 21's speed suite on one H200, one call: the seeds of recipes/fast99_graph.yaml in one
-# process (as speed records time them; benchmarks/repeat.py), accel_mnist and its plain twin,
-# captured and eager on the same recipe; the step's makeup (benchmarks/step_profile.py); then
-# fresh commands of both, variants, one command's timeline, and torch.compile's modes last.
-# {recipe} is the eager fast99.yaml.
+# Issue 21's speed suite on one H200, more than one 10-minute call's worth, so it runs by groups
+# (benchmarks/results/h200-2026-12-02 names the calls): the seeds of recipes/fast99_graph.yaml in
+# one process (as speed records time them; benchmarks/repeat.py), accel_mnist and its plain twin,
+# captured and eager, fp32 and bf16; the step's makeup (benchmarks/step_profile.py); fresh
+# commands of both in bf16 (the recipe's measured precision), recipe variants, the commands'
+# timelines, and torch.compile's modes. {recipe} is the eager fast99.yaml.
 GRAPH_RECIPE = "recipes/fast99_graph.yaml"
 REPEAT = ["{python}", "-m", "benchmarks.repeat", "--data-dir", "{data}"]
 GRAPH_RUN = [*RECIPE_RUN[:2], GRAPH_RECIPE, *RECIPE_RUN[3:]]
@@ -145,38 +146,59 @@ H200_SPEED: list[Row] = [
      "cuda_graph=false (the same training, eager), 20 seeds in one process", "needs": "recipe",
      "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cuda_graph=false"],
      "parse": "json_line", "repeat": 1, "budget": 40},
+    {"name": "repeat_graph_bf16", "group": "in_process_bf16", "what": "accel_mnist, fast99_graph.yaml in bf16 "
+     "autocast (ACCELERATE_MIXED_PRECISION=bf16), 20 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19"], "env": BF16, "parse": "json_line", "repeat": 1,
+     "budget": 35},
+    {"name": "repeat_graph_bf16_plain", "group": "in_process_bf16", "what": "the plain twin on fast99_graph.yaml, "
+     "captured, bf16 autocast, 20 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--runner", "plain", "--seeds", "0-19", "--", "--precision", "bf16"],
+     "parse": "json_line", "repeat": 1, "budget": 35},
+    {"name": "repeat_bf16_plain_eager", "group": "in_process_bf16", "what": "the plain twin on fast99_graph.yaml, "
+     "eager, bf16 autocast, 20 seeds in one process", "needs": "recipe",
+     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--runner", "plain", "--seeds", "0-19", "--", "--precision", "bf16",
+             "--no-cuda-graph"],
+     "parse": "json_line", "repeat": 1, "budget": 45},
     {"name": "step_profile", "group": "step", "what": "one step of bncnn b512, eager/captured x NCHW/channels-last: "
      "ms/step, GPU ms/step, kernels and launch calls per step",
      "cmd": ["{python}", "-m", "benchmarks.step_profile"], "parse": "json_line", "repeat": 1, "budget": 30},
-    {"name": "recipe_graph", "group": "time_to_99", "what": "python -m accel_mnist train --config "
-     "recipes/fast99_graph.yaml, a fresh process per seed", "needs": "recipe",
-     "cmd": ["{python}", "-m", "accel_mnist", *GRAPH_RUN], "parse": "curve", "target": 0.99, "seeds": [0, 1, 2],
-     "budget": 40},
-    {"name": "recipe_graph_plain", "group": "time_to_99", "what": "the plain twin on fast99_graph.yaml, a fresh "
-     "process per seed", "needs": "recipe",
+    {"name": "recipe_graph", "group": "time_to_99", "what": "ACCELERATE_MIXED_PRECISION=bf16 python -m accel_mnist "
+     "train --config recipes/fast99_graph.yaml, a fresh process per seed", "needs": "recipe",
+     "cmd": ["{python}", "-m", "accel_mnist", *GRAPH_RUN], "env": BF16, "parse": "curve", "target": 0.99,
+     "seeds": list(range(20)), "budget": 270},
+    {"name": "recipe_graph_plain", "group": "time_to_99", "what": "the plain twin on fast99_graph.yaml (captured, "
+     "bf16), a fresh process per seed", "needs": "recipe",
      "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", GRAPH_RECIPE, "--seed", "{seed}",
-             "--data", "device", "--precision", "no", "--data-dir", "{data}", "--metrics-out", "{run}/metrics.jsonl",
-             "--out", "{run}"],
-     "parse": "curve", "target": 0.99, "seeds": [0, 1, 2], "budget": 35},
+             "--data", "device", "--precision", "bf16", "--data-dir", "{data}", "--metrics-out",
+             "{run}/metrics.jsonl", "--out", "{run}"],
+     "parse": "curve", "target": 0.99, "seeds": list(range(8)), "budget": 95},
     {"name": "repeat", "group": "variants", "what": "accel_mnist, fast99.yaml (eager, beta1 cycled), 10 seeds in "
      "one process", "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-9"],
      "parse": "json_line", "repeat": 1, "budget": 25},
-    {"name": "repeat_graph_bf16", "group": "variants", "what": "accel_mnist, fast99_graph.yaml in bf16 autocast "
-     "(ACCELERATE_MIXED_PRECISION=bf16), 10 seeds in one process", "needs": "recipe",
-     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-9"], "env": BF16, "parse": "json_line", "repeat": 1,
-     "budget": 25},
-    {"name": "repeat_graph_cudnn_benchmark", "group": "variants", "what": "accel_mnist, fast99_graph.yaml with "
-     "cudnn_benchmark=true, 10 seeds in one process", "needs": "recipe",
-     "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-9", "--set", "cudnn_benchmark=true"],
-     "parse": "json_line", "repeat": 1, "budget": 25},
-    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command (seed 0), phase by "
-     "phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN], "parse": "json_line",
-     "seeds": [0], "budget": 20},
+    *[{"name": f"repeat_graph_{name}", "group": "variants", "what": f"accel_mnist, fast99_graph.yaml with "
+       f"{' '.join(sets)}, 20 seeds in one process", "needs": "recipe",
+       "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", *[a for k in sets for a in ("--set", k)]],
+       "parse": "json_line", "repeat": 1, "budget": 35}
+      for name, sets in (("eval5", ["eval_every=5"]), ("150", ["max_steps=150", "eval_every=5"]),
+                         ("125", ["max_steps=125", "eval_every=5"]),
+                         ("125_lr15", ["max_steps=125", "eval_every=5", "lr=0.015"]))],
+    {"name": "repeat_graph_cudnn_benchmark", "group": "variants2", "what": "accel_mnist, fast99_graph.yaml in "
+     "bf16 with cudnn_benchmark=true, 20 seeds in one process (cuDNN's autotuning in the uncounted first run)",
+     "needs": "recipe", "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true"],
+     "env": BF16, "parse": "json_line", "repeat": 1, "budget": 50},
+    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command in bf16 (seed 0), "
+     "phase by phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN], "env": BF16,
+     "parse": "json_line", "seeds": [0, 1], "budget": 30},
+    {"name": "recipe_graph_plain_timeline", "group": "timeline", "what": "the plain twin's command on "
+     "fast99_graph.yaml in bf16 (seed 0), phase by phase", "needs": "recipe",
+     "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", GRAPH_RECIPE, "--seed", "{seed}",
+             "--data", "device", "--precision", "bf16", "--data-dir", "{data}", "--timeline"],
+     "parse": "json_line", "seeds": [0, 1], "budget": 30},
     *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
        f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
        "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
        "env": {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_MODE": mode}, "parse": "json_line",
-       "repeat": 1, "budget": 90}
+       "repeat": 1, "budget": 70}
       for mode in ("default", "max-autotune-no-cudagraphs", "reduce-overhead")],
 ]  # fmt: skip
 
