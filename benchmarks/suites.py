@@ -194,6 +194,11 @@ H200_SPEED: list[Row] = [
      "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", GRAPH_RECIPE, "--seed", "{seed}",
              "--data", "device", "--precision", "bf16", "--data-dir", "{data}", "--timeline"],
      "parse": "json_line", "seeds": [0, 1], "budget": 30},
+    *[{"name": f"first_cuda_ops{suffix}", "group": "startup_overlap", "what": f"a fresh process's first GPU work "
+       f"stage by stage (bncnn b512){what}", "cmd": ["{python}", "-m", "benchmarks.first_cuda_ops", *flags],
+       "parse": "json_line", "repeat": 2, "budget": 25}
+      for suffix, flags, what in (("", [], ""), ("_overlap", ["--overlap"], ", torch._dynamo imported on a thread "
+                                                                             "meanwhile"))],
     *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
        f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
        "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
