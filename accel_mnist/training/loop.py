@@ -33,7 +33,7 @@ from .inputs import OwnData, load_run_data, model_for, record, run_facts
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
-from .prewarm import import_in_background, prewarm
+from .prewarm import prewarm
 from .records import metrics_row, results_record
 from .step import build_step, to_memory_format
 
@@ -96,7 +96,6 @@ def start_run(
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
 
-    import_in_background("torch._dynamo")  # the first optimizer's import, meanwhile
     with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
         run_data = load_run_data(config, own)
     set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read

@@ -10,8 +10,6 @@ run uses: the trained weights are the same with and without it.
 from __future__ import annotations
 
 import copy
-import importlib
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -21,27 +19,6 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..model_output import logits_of
-
-
-def import_in_background(name: str = "torch._dynamo") -> threading.Thread:
-    """Start importing module `name` on a daemon thread; returns the thread.
-
-    Building the first torch optimizer imports torch._dynamo (Optimizer.add_param_group is
-    wrapped in torch._disable_dynamo), seconds of Python on a GPU machine
-    (benchmarks/results/h200-2026-12-01b: 4.8 s). torch's ops release the GIL, so the import can
-    run while the data loads and CUDA, cuBLAS and cuDNN start. Whoever imports it later waits on
-    Python's module lock until the thread is done; if the thread fails, that import runs anew.
-    """
-
-    def work() -> None:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the import is redone, and reported, where it is needed
-            pass
-
-    thread = threading.Thread(target=work, name=f"import {name}", daemon=True)
-    thread.start()
-    return thread
 
 
 def prewarm(
