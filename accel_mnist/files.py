@@ -15,7 +15,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -117,8 +117,9 @@ def writing(what: str, path: Path) -> Iterator[None]:
         ) from e
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` so that readers see the old file or the new one, never half of one.
+def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write `data` (bytes, or chunks of them) so that readers see the old file or the new
+    one, never half of one.
 
     The temporary name carries the pid, so that two writers never share one temporary file.
     A write the storage refuses raises StorageError (see `writing`); the old file stays.
@@ -127,7 +128,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with writing(path.name, path):
             with open(tmp, "wb") as f:
-                f.write(data)
+                for chunk in [data] if isinstance(data, bytes) else data:
+                    f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

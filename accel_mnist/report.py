@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .files import read_json_object, save_figure
-from .run.outputs import METRICS_FILE, RESULTS_FILE
+from .files import read_json_object, save_figure, size_text
+from .run.outputs import METRICS_FILE, RESULTS_FILE, metrics_lines
 from .tables import text_table
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
 CURVES_FILE = "training_curves.png"
 CONFUSION_FILE = "confusion_matrix.png"
 COMPARISON_FILE = "comparison.png"
+# The rows are held in memory to be drawn: 64 MiB of metrics.jsonl is some 100,000 evaluations.
+MAX_METRICS_BYTES = 64 << 20
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -43,8 +45,10 @@ def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
     metrics = run_dir / METRICS_FILE
     if not metrics.is_file():
         raise UsageError(f"{run_dir} has no {METRICS_FILE} (not a training output directory?)")
+    if metrics.stat().st_size > MAX_METRICS_BYTES:
+        raise UsageError(f"{metrics}: larger than {size_text(MAX_METRICS_BYTES)}, more rows than a report draws")
     rows = []
-    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+    for number, line in metrics_lines(metrics):
         if not line.strip():
             continue
         try:

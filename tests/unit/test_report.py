@@ -152,3 +152,33 @@ def test_through_the_accel_mnist_cli(tmp_path, capsys):
     assert_png(run / CONFUSION_FILE)
     assert main(["report", str(tmp_path / "missing")]) == EXIT_USAGE
     assert capsys.readouterr().err == f"error: run directory {tmp_path / 'missing'} does not exist\n"
+
+
+def test_metrics_files_are_read_with_bounded_memory(tmp_path, monkeypatch):
+    # metrics.jsonl may come from someone else's run directory: a line longer than any row of
+    # ours stops the read, and the report refuses a file larger than it would hold in memory.
+    from accel_mnist import report
+    from accel_mnist.run import outputs
+
+    run = make_run(tmp_path / "run")
+    metrics = run / "metrics.jsonl"
+    rows = metrics.read_text()
+    metrics.write_text(rows + '{"step": 99, "pad": "' + "x" * outputs.MAX_METRICS_LINE + '"}\n')
+    with pytest.raises(UsageError, match=rf"metrics.jsonl:{rows.count(chr(10)) + 1}: a line longer than"):
+        report.load_run(run)
+    metrics.write_text(rows)
+    monkeypatch.setattr(report, "MAX_METRICS_BYTES", len(rows.encode()) - 1)
+    with pytest.raises(UsageError, match=r"metrics.jsonl: larger than .*more rows than a report draws"):
+        report.load_run(run)
+
+
+def test_resume_keeps_the_rows_up_to_its_step_and_stops_at_a_line_not_ours(tmp_path):
+    from accel_mnist.run import outputs
+
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s}) for s in (10, 20, 30)]
+    metrics.write_text("\n".join([*lines, "x" * (outputs.MAX_METRICS_LINE + 1), json.dumps({"step": 5})]) + "\n")
+    outputs.truncate_metrics(tmp_path, 20)
+    assert metrics.read_text() == "".join(line + "\n" for line in lines[:2])
+    outputs.truncate_metrics(tmp_path, None)
+    assert metrics.read_text() == ""
