@@ -23,13 +23,13 @@ from typing import Any
 
 T0 = time.perf_counter()
 
-PHASES = {  # phase name: (module, attribute); the loop looks each up at call time
+PHASES = {  # phase name: (module, attribute); the run looks each up at call time
     "accelerator": ("accel_mnist.training.loop", "build_accelerator"),
-    "data": ("accel_mnist.training.loop", "load_run_data"),
-    "loaders": ("accel_mnist.training.loop", "Loaders"),
-    "prewarm": ("accel_mnist.training.loop", "prewarm"),
+    "data": ("accel_mnist.training.start", "load_run_data"),
+    "loaders": ("accel_mnist.training.start", "Loaders"),
+    "prewarm": ("accel_mnist.training.start", "prewarm"),
     "run_dir": ("accel_mnist.training.loop", "RunDir"),
-    "prepare": ("accel_mnist.training.loop", "prepare"),
+    "prepare": ("accel_mnist.training.start", "prepare"),
     "step_setup": ("accel_mnist.training.loop", "build_step"),  # the CUDA graph's capture, where asked
     "evaluate": ("accel_mnist.training.loop", "evaluate"),
     "export": ("accel_mnist.export.model_dir", "full_state_dict"),

@@ -6,36 +6,32 @@ optimizer step; what the strategy changes lives in `distributed/`, not here.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
-from ..distributed import consensus
-from ..distributed.memory import MemoryWatch, trainable_numels
-from ..distributed.strategy import build_accelerator, check_model, prepare, strategy_fields
+from ..distributed.memory import MemoryWatch
+from ..distributed.strategy import build_accelerator
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
-from ..versions import versions
 from .cadence import Cadence
 from .clock import TrainingClock
-from .inputs import OwnData, load_run_data, model_for, record, run_facts
+from .inputs import OwnData
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
-from .prewarm import prewarm
 from .records import metrics_row, results_record
-from .step import build_step, to_memory_format
+from .start import RunParts, start_run
+from .step import build_step
 
 
 def train(
@@ -67,87 +63,15 @@ def train(
         raise on_every_rank(e) from None
     try:
         with StopSignals() as stop, RunDir(accelerator, config) as run_dir:
-            run = start_run(accelerator, config, model, stop, run_dir, own)
-            if isinstance(run, dict):  # a finished run's results: nothing to train
-                return run
+            parts = start_run(accelerator, config, model, stop, run_dir, own)
+            if isinstance(parts, dict):  # a finished run's results: nothing to train
+                return parts
+            run = TrainingRun(**{f.name: getattr(parts, f.name) for f in fields(RunParts)})
             run.fit()
             return run.finish(start, plots_in_background)
     finally:
         # Also on failure: trackers close their runs and the process group is torn down.
         accelerator.end_training()
-
-
-def start_run(
-    accelerator: Accelerator,
-    config: TrainConfig,
-    model: nn.Module | None,
-    stop: StopSignals,
-    run_dir: RunDir,
-    own: OwnData,
-) -> TrainingRun | dict[str, Any]:
-    """Check everything on every rank, then open the output directory and prepare the objects;
-    a finished run's results instead where `output_dir` holds one."""
-    strategy = strategy_fields(accelerator)
-    plan = run_dir.plan()  # locked, then agreed by every rank: what --resume-from means here
-    if plan.finished is not None:
-        accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
-        return plan.finished
-    resume, state = plan.resume, plan.state or ckpt.TrainState()
-    # Every pickle of the checkpoint is checked before anything is loaded or written.
-    rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
-
-    with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
-        run_data = load_run_data(config, own)
-    set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
-    model_name = config.model if model is None else type(model).__name__
-    model = to_memory_format(model_for(accelerator, config, model, run_data), config)
-    if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
-        set_seed(config.seed, device_specific=True)
-    data = Loaders(run_data.train, run_data.test, config, accelerator)
-    steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
-    total_steps = steps_per_epoch * config.epochs
-    if config.max_steps:
-        total_steps = min(total_steps, config.max_steps)
-    saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
-    if resume:
-        saved, where, settings, described = state, resume, config.to_dict(), run_data.state_fields
-        consensus.agree(
-            accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps, described)
-        )
-        state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
-    state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
-    record(state, model_name, model, run_data)
-    check_model(accelerator, model)
-    # Only now, with every check passed on every rank, is the output directory written (its lock aside).
-    run_dir.open(plan)
-    if config.report_to != "none":
-        hparams = {k: "none" if v is None else v for k, v in state.config.items()}
-        accelerator.init_trackers("accel_mnist", config=hparams)
-    facts = {
-        **run_facts(state, model),
-        "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
-        **strategy,
-        "data_loader": data.kind,
-        "prewarm_seconds": 0.0,
-        "versions": versions(),
-    }
-    if config.prewarm:
-        rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
-        per_process = len(run_data.train) // accelerator.num_processes
-        facts["prewarm_seconds"] = prewarm(
-            model, config, accelerator.device, per_process, rehearsals, state.input_shape
-        )
-    numels = trainable_numels(model)  # before prepare, which may shard the parameters
-    model, optimizer, scheduler = prepare(
-        accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume), saved_strategy
-    )
-    memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
-    if resume:
-        ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
-        accelerator.print(f"resumed from {resume} at step {state.step}")
-    cadence = Cadence.of(config, state.total_steps)
-    return TrainingRun(accelerator, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
-                       steps_per_epoch, facts, memory)  # fmt: skip
 
 
 @dataclass
