@@ -185,7 +185,9 @@ class _Tally:
     def add(self, kind: str | None, tensors: Any) -> None:
         """Count `tensors` (a tensor, or lists/dicts of them) as `kind`; None: only mark them seen."""
         for tensor in _tensors(tensors):
-            if tensor.device.type == "meta":
+            # 0-dim: a step counter, no state (torch's Adam keeps one per parameter on the host
+            # unless capturable or fused; counted, 44 B of bncnn's read as "offloaded" on a GPU).
+            if tensor.device.type == "meta" or tensor.dim() == 0:
                 continue
             storage = tensor.untyped_storage()
             key = (str(tensor.device), storage.data_ptr())
