@@ -12,21 +12,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
-from accelerate import Accelerator
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
-from ..distributed.memory import MemoryWatch
 from ..distributed.strategy import build_accelerator
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
-from .cadence import Cadence
 from .clock import TrainingClock
 from .inputs import OwnData
-from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
 from .records import metrics_row, results_record
@@ -75,22 +71,9 @@ def train(
 
 
 @dataclass
-class TrainingRun:
+class TrainingRun(RunParts):
     """One run, set up: `fit` trains it, `finish` exports it and writes its results."""
 
-    accelerator: Accelerator
-    config: TrainConfig
-    stop: StopSignals
-    run_dir: RunDir
-    state: ckpt.TrainState
-    data: Loaders
-    model: nn.Module
-    optimizer: Any
-    scheduler: Any
-    cadence: Cadence
-    steps_per_epoch: int
-    facts: dict[str, Any]  # what results.json says about the setup
-    memory: MemoryWatch  # model states held and predicted, and the peaks: counted at evaluations
     metrics: dict[str, Any] = field(default_factory=dict)  # the last evaluation's row
     confusion_matrix: list[list[int]] = field(default_factory=list)
     last_checkpoint: Path | None = None
