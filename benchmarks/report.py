@@ -35,6 +35,16 @@ def _median_phases(runs: list[dict[str, Any]]) -> str:
     return "median s: " + ", ".join(out)
 
 
+def _step_variants(variants: Any) -> list[str]:
+    """benchmarks.step_profile's variants, one phrase each ('cuda_graph NCHW 2.31 ms/step (GPU 2.28, 2 launches)')."""
+    if not isinstance(variants, list):
+        return []
+    return [f"{v['step']} {'channels-last' if v.get('channels_last') else 'NCHW'} {v['ms_per_step']:.3g} ms/step "
+            f"(GPU {v['gpu_ms_per_step']:.3g}, {v['launch_calls_per_step']:.0f} launches)"
+            for v in variants if isinstance(v, dict) and {"step", "ms_per_step", "gpu_ms_per_step",
+                                                          "launch_calls_per_step"} <= set(v)]  # fmt: skip
+
+
 def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """The row's numbers for the table, by what its parser read."""
     ok = _ok(runs)
@@ -54,7 +64,8 @@ def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     if row["parse"] == "json_line" and ok:
         parsed = ok[-1]["parsed"]
         numbers = {k: v for k, v in parsed.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in numbers.items())
+        text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in numbers.items())
+        return "; ".join([text, *_step_variants(parsed.get("variants"))])
     return "–"
 
 

@@ -242,3 +242,12 @@ def test_a_command_timeline_accounts_for_its_phases(twin, tmp_path):
     assert ({"data", "prewarm", "loop"} if twin else {"train", "data", "prepare", "evaluate"}) <= names, names
     assert timeline["other_in_train"] >= 0
     assert sum(p["seconds"] for n, p in timeline["phases"].items() if n != "train") < timeline["process_seconds"]
+
+
+def test_a_step_profile_row_shows_each_variant():
+    variant = {"step": "cuda_graph", "channels_last": True, "ms_per_step": 1.3659, "gpu_ms_per_step": 1.3306,
+               "launch_calls_per_step": 2.0, "kernels_per_step": 104.0}  # fmt: skip
+    runs = [{"rc": 0, "parsed": {"batch_size": 512, "variants": [variant, {**variant, "channels_last": False}]}}]
+    text = report.key_numbers({"name": "step_profile", "parse": "json_line"}, runs)
+    assert text == ("batch_size 512; cuda_graph channels-last 1.37 ms/step (GPU 1.33, 2 launches); "
+                    "cuda_graph NCHW 1.37 ms/step (GPU 1.33, 2 launches)")  # fmt: skip
