@@ -34,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split  # noqa: E402
 from accel_mnist.models import build_model, num_parameters  # noqa: E402
 from benchmarks import benchlib  # noqa: E402
+from benchmarks.timeline import add_phase, process_age  # noqa: E402
 
 _IMPORTS_DONE = time.perf_counter()
 
@@ -224,9 +225,7 @@ def run(args) -> dict:
         """Close the phase running since the last call (benchmarks.timeline's record shape)."""
         nonlocal tick
         now = time.perf_counter()
-        entry = phases.setdefault(name, {"seconds": 0.0, "calls": 0})
-        entry["seconds"] += now - tick
-        entry["calls"] += 1
+        add_phase(phases, name, now - tick)
         tick = now
 
     if args.threads:
@@ -278,8 +277,7 @@ def run(args) -> dict:
                "train_seconds": tick - start - paused, "epoch_end": epoch_end}  # fmt: skip
         curve.append(row)
         paused += time.perf_counter() - tick
-        phases.setdefault("evaluate", {"seconds": 0.0, "calls": 0})["seconds"] += time.perf_counter() - tick
-        phases["evaluate"]["calls"] += 1
+        add_phase(phases, "evaluate", time.perf_counter() - tick)
         return args.stop_at_accuracy is not None and accuracy >= args.stop_at_accuracy
 
     model.train()
@@ -381,7 +379,7 @@ def main(argv=None) -> int:
     )
     tick = time.perf_counter()
     benchlib.save_record("plain_pytorch", tag, record, args.out)
-    result["phases"]["write_record"] = {"seconds": time.perf_counter() - tick, "calls": 1}
+    add_phase(result["phases"], "write_record", time.perf_counter() - tick)
     print(
         f"plain_pytorch {tag}: {result['samples_per_second']:.0f} samples/s, {result['ms_per_step']:.3f} ms/step, "
         f"train {result['train_seconds']:.2f} s, test_accuracy {result.get('test_accuracy', float('nan')):.4f}"
@@ -393,8 +391,6 @@ def main(argv=None) -> int:
 
 def timeline_of(phases: dict[str, dict[str, float]]) -> dict:
     """benchmarks.timeline's record for this command: its imports, then the phases of run()."""
-    from benchmarks.timeline import process_age
-
     age = process_age()
     return {
         "python_start": None if age is None else age - (time.perf_counter() - _IMPORT_START),
