@@ -7,7 +7,7 @@ optimizer step; what the strategy changes lives in `distributed/`, not here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -62,7 +62,7 @@ def train(
             parts = start_run(accelerator, config, model, stop, run_dir, own)
             if isinstance(parts, dict):  # a finished run's results: nothing to train
                 return parts
-            run = TrainingRun(**{f.name: getattr(parts, f.name) for f in fields(RunParts)})
+            run = TrainingRun(**vars(parts))
             run.fit()
             return run.finish(start, plots_in_background)
     finally:
