@@ -134,6 +134,8 @@ H200: list[Row] = [
 GRAPH_RECIPE = "recipes/fast99_graph.yaml"
 REPEAT = ["{python}", "-m", "benchmarks.repeat", "--data-dir", "{data}"]
 GRAPH_RUN = [*RECIPE_RUN[:2], GRAPH_RECIPE, *RECIPE_RUN[3:]]
+PLAIN_GRAPH_BF16 = ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", GRAPH_RECIPE, "--seed",
+                    "{seed}", "--data", "device", "--precision", "bf16", "--data-dir", "{data}"]  # fmt: skip
 H200_SPEED: list[Row] = [
     {"name": "repeat_graph", "group": "in_process", "what": "accel_mnist, fast99_graph.yaml (captured step, "
      "channels-last, fp32), 20 seeds in one process", "needs": "recipe",
@@ -168,9 +170,7 @@ H200_SPEED: list[Row] = [
      "seeds": list(range(20)), "budget": 270},
     {"name": "recipe_graph_plain", "group": "time_to_99", "what": "the plain twin on fast99_graph.yaml (captured, "
      "bf16), a fresh process per seed", "needs": "recipe",
-     "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", GRAPH_RECIPE, "--seed", "{seed}",
-             "--data", "device", "--precision", "bf16", "--data-dir", "{data}", "--metrics-out",
-             "{run}/metrics.jsonl", "--out", "{run}"],
+     "cmd": [*PLAIN_GRAPH_BF16, "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
      "parse": "curve", "target": 0.99, "seeds": list(range(8)), "budget": 95},
     {"name": "repeat", "group": "variants", "what": "accel_mnist, fast99.yaml (eager, beta1 cycled), 10 seeds in "
      "one process", "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-9"],
@@ -186,13 +186,12 @@ H200_SPEED: list[Row] = [
      "bf16 with cudnn_benchmark=true, 20 seeds in one process (cuDNN's autotuning in the uncounted first run)",
      "needs": "recipe", "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true"],
      "env": BF16, "parse": "json_line", "repeat": 1, "budget": 50},
-    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command in bf16 (seed 0), "
-     "phase by phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN], "env": BF16,
-     "parse": "json_line", "seeds": [0, 1], "budget": 30},
+    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command in bf16 (seeds 0 "
+     "and 1), phase by phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN],
+     "env": BF16, "parse": "json_line", "seeds": [0, 1], "budget": 30},
     {"name": "recipe_graph_plain_timeline", "group": "timeline", "what": "the plain twin's command on "
-     "fast99_graph.yaml in bf16 (seed 0), phase by phase", "needs": "recipe",
-     "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--config", GRAPH_RECIPE, "--seed", "{seed}",
-             "--data", "device", "--precision", "bf16", "--data-dir", "{data}", "--timeline"],
+     "fast99_graph.yaml in bf16 (seeds 0 and 1), phase by phase", "needs": "recipe",
+     "cmd": [*PLAIN_GRAPH_BF16, "--timeline"],
      "parse": "json_line", "seeds": [0, 1], "budget": 30},
     *[{"name": f"first_cuda_ops{suffix}", "group": "startup_overlap", "what": f"a fresh process's first GPU work "
        f"stage by stage (bncnn b512){what}", "cmd": ["{python}", "-m", "benchmarks.first_cuda_ops", *flags],
