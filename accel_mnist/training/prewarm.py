@@ -5,6 +5,12 @@ more than a whole time-to-99% run takes on an H200 (benchmarks/results/h200-2026
 backward and optimizer step of the same shapes on a copy moves that cost out of the training
 clock, into `prewarm_seconds`, without touching the model, the optimizer or any RNG stream the
 run uses: the trained weights are the same with and without it.
+
+The copy computes as the run will: under the run's autocast and in its memory format. Kernels
+are loaded per dtype and layout, so a bf16 run warmed in fp32 would still load its bf16
+kernels for the epoch's last, smaller batch inside the clock: in the fresh bf16 commands of
+benchmarks/results/h200-2026-12-02b, warmed in fp32, the ten steps across the epoch's end took
+28-41 ms where any other ten took 13.6.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +26,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..model_output import logits_of
+from .step import step_input
 
 
 def prewarm(
@@ -28,6 +36,7 @@ def prewarm(
     train_samples: int = 0,
     rehearsals: Sequence[Callable[[], object]] = (),
     input_shape: Sequence[int] = (1, 28, 28),
+    autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> float:
     """One step on a copy of `model` per training batch shape; returns the seconds it took.
 
@@ -35,7 +44,7 @@ def prewarm(
     choose its kernels again at each epoch end. `rehearsals` run the loop's own per-step tensor
     work once on scratch data (assembling a batch, the loss bookkeeping): CUDA loads each kernel
     on its first launch (both measured in benchmarks/results/h200-2026-12-01b). `input_shape`:
-    one sample's (C, H, W).
+    one sample's (C, H, W). `autocast`: the run's (`Accelerator.autocast`), for the forward passes.
     """
     from ..optim import build_optimizer
 
@@ -45,15 +54,18 @@ def prewarm(
         twin = copy.deepcopy(model).to(device).train()
         optimizer = build_optimizer(twin, config)
         for size in sorted({config.batch_size, train_samples % config.batch_size} - {0}, reverse=True):
-            inputs = torch.zeros(size, *input_shape, device=device)
+            inputs = step_input(torch.zeros(size, *input_shape, device=device), config.channels_last)
             labels = torch.zeros(size, dtype=torch.long, device=device)
-            F.cross_entropy(logits_of(twin(inputs)).float(), labels).backward()
+            with autocast():
+                loss = F.cross_entropy(logits_of(twin(inputs)).float(), labels)
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad()
         for rehearse in rehearsals:
             rehearse()
         twin.eval()
-        with torch.no_grad():  # and the evaluation's shape, whose time the clock leaves out anyway
-            logits_of(twin(torch.zeros(config.eval_batch_size, *input_shape, device=device))).sum().item()
+        inputs = step_input(torch.zeros(config.eval_batch_size, *input_shape, device=device), config.channels_last)
+        with torch.no_grad(), autocast():  # and the evaluation's shape, whose time the clock leaves out anyway
+            logits_of(twin(inputs)).sum().item()
     del twin, optimizer
     return time.perf_counter() - start

@@ -104,7 +104,7 @@ def start_run(
         rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
         per_process = len(run_data.train) // accelerator.num_processes
         facts["prewarm_seconds"] = prewarm(
-            model, config, accelerator.device, per_process, rehearsals, state.input_shape
+            model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast
         )
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
     model, optimizer, scheduler = prepare(

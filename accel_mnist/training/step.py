@@ -53,6 +53,13 @@ def to_memory_format(model: nn.Module, config: TrainConfig) -> nn.Module:
     return model.to(memory_format=torch.channels_last) if config.channels_last else model
 
 
+def step_input(inputs: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """A batch in the layout the step computes in (channels-last images where the config asks)."""
+    if channels_last and inputs.ndim == 4:
+        return inputs.contiguous(memory_format=torch.channels_last)
+    return inputs
+
+
 class EagerStep:
     """Forward, backward and (at the end of an accumulation) the optimizer step of one micro-batch."""
 
@@ -71,8 +78,7 @@ class EagerStep:
 
     def loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The forward pass and the loss, as every step computes them."""
-        if self.channels_last and inputs.ndim == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        inputs = step_input(inputs, self.channels_last)
         return F.cross_entropy(logits_of(self.model(inputs.to(self.input_dtype))).float(), labels)
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -282,15 +282,18 @@ def run(args) -> dict:
 
     model.train()
     if args.warmup:
-        # As accel_mnist's `prewarm: true`: one untimed step on a copy (kernel loading and cuDNN's
-        # choices leave the clock; the trained weights are untouched).
+        # As accel_mnist's `prewarm: true`: an untimed forward and backward on a copy, in the run's
+        # precision, for each batch shape of an epoch (kernel loading and cuDNN's choices leave
+        # the clock; the trained weights and the loader's order are untouched).
         import copy
 
         spare = copy.deepcopy(model)
-        x, y = next(iter(train_loader))
-        with autocast():
-            loss = F.cross_entropy(spare(x.to(device)).float(), y.to(device))
-        loss.backward()
+        samples = len(train_loader.labels) if isinstance(train_loader, DeviceBatches) else len(train_loader.dataset)
+        for size in sorted({args.batch_size, samples % args.batch_size} - {0}, reverse=True):
+            x = torch.zeros(size, 1, 28, 28, device=device)
+            with autocast():
+                loss = F.cross_entropy(spare(x).float(), torch.zeros(size, dtype=torch.long, device=device))
+            loss.backward()
         del spare
         sync(device)
         phase("prewarm")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from accel_mnist import TrainConfig, train
+from tests.helpers import run_command
 
 
 @pytest.mark.skipif(
@@ -30,3 +32,38 @@ def test_training_with_prewarm_gives_the_same_weights(synthetic_mnist, tmp_path)
     assert cold_w.keys() == warm_w.keys() and all(torch.equal(cold_w[k], warm_w[k]) for k in cold_w)
     for key in ("train_loss", "test_loss", "test_accuracy"):
         assert cold_m[key] == pytest.approx(warm_m[key], rel=0, abs=0)
+
+
+# Run in a process of its own: Accelerate's state is a per-process singleton, and an earlier
+# test's Accelerator would keep this one at fp32 whatever ACCELERATE_MIXED_PRECISION says.
+RECORDING_RUN = """
+import json, sys, torch
+from accel_mnist import TrainConfig, train
+from tests.helpers import run_command
+
+seen = []  # per forward: (tracks gradients, under CPU autocast); prewarm's copy appends here too
+
+class Recorder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(784, 10)
+
+    def forward(self, x):
+        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+        return self.head(x.flatten(1))
+
+config = TrainConfig(max_steps=1, batch_size=32, eval_batch_size=2000, data_dir=sys.argv[1], data_loader="device",
+                     quiet=True, save_checkpoints=False, export=False, prewarm=True, output_dir=sys.argv[2])
+results = train(config, Recorder())
+print(json.dumps({"mixed_precision": results["mixed_precision"], "seen": seen}))
+"""
+
+
+def test_prewarm_runs_under_the_launchs_mixed_precision(mnist_dir, tmp_path):
+    proc = run_command([sys.executable, "-c", RECORDING_RUN, str(mnist_dir), str(tmp_path / "run")],
+                       env={"ACCELERATE_MIXED_PRECISION": "bf16"}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["mixed_precision"] == "bf16"
+    # The training forwards: prewarm's on its copy, then the run's one step; both in bf16.
+    assert [autocast for grad, autocast in out["seen"] if grad] == [True, True], out["seen"]

@@ -17,3 +17,31 @@ def test_prewarm_leaves_model_and_rng_alone():
     assert seconds > 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())  # the copy's dropout drew from a forked stream
+
+
+class Recorder(torch.nn.Module):
+    """A 4-D-input model that notes, per forward, the batch size, autocast and the input's layout."""
+
+    seen: list[tuple[int, bool, bool]] = []  # a class attribute: prewarm's deep copy records here too
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 3)  # 3 channels: with 1, both layouts have the same strides
+        self.head = torch.nn.Linear(2 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        Recorder.seen.append((x.shape[0], torch.is_autocast_enabled("cpu"), channels_last))
+        return self.head(self.conv(x).flatten(1))
+
+
+def test_prewarm_computes_in_the_runs_precision_and_layout():
+    # Kernels load per dtype and layout: a bf16 run warmed in fp32 would load its own inside the clock.
+    Recorder.seen = []
+    config = TrainConfig(batch_size=8, eval_batch_size=4, channels_last=True)
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    prewarm(Recorder(), config, torch.device("cpu"), 13, input_shape=(3, 8, 8), autocast=bf16)
+    assert Recorder.seen == [(8, True, True), (5, True, True), (4, True, True)]  # both training shapes, then eval
+    Recorder.seen = []
+    prewarm(Recorder(), config.replace(channels_last=False), torch.device("cpu"), 16, input_shape=(3, 8, 8))
+    assert Recorder.seen == [(8, False, False), (4, False, False)]
