@@ -11,6 +11,7 @@ exit with the same code in silence.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import os
@@ -119,6 +120,7 @@ def _train(args: argparse.Namespace) -> int:
     from .distributed.launchers import check_local_rank
     from .training.loop import train  # torch and accelerate: not for `--help` or the other commands
 
+    settle_collector(args.own_process)
     check_local_rank(args.local_rank)
     try:
         config = config_from_args(args)
@@ -137,14 +139,34 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def settle_collector(own_process: bool) -> None:
+    """For a command that owns its process, once its imports are done: freeze what they left
+    and turn the collector back on (main turned it off). torch and accelerate leave ~320k
+    long-lived objects that each full collection would walk again: 0.12-0.19 s each on a
+    2-core box, six in a 20-step fast99 command (three during the imports, one in Accelerate's
+    `free_memory`). Frozen, later collections walk only the run's own objects."""
+    if own_process and not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 # Modules that add their own subcommands through `register(subparsers)`.
 SUBCOMMAND_MODULES = ("export.predict", "report", "shipped", "distributed.estimate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `accel-mnist` console script; returns the exit code."""
+    # argv None: the console script and `python -m`, whose process this is (tests pass argv).
+    # No collections during the imports (torch is imported by the parser's modules already);
+    # settle_collector turns it back on after them.
+    own_process = argv is None
+    if own_process:
+        gc.disable()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.own_process = own_process
+    if args.handler is not _train:  # the other commands import little more
+        settle_collector(own_process)
     try:
         return args.handler(args)
     except UsageError as e:

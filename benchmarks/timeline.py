@@ -70,10 +70,13 @@ def _timed(name: str, fn: Any, record: dict[str, dict[str, float]]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `accel-mnist ARGV` here and print the timeline as one JSON line."""
+    import gc
     import importlib
 
     age_at_start, main_start = process_age(), time.perf_counter()
     tick = main_start
+    if argv is None:  # as `accel-mnist` itself does in its own process, around the imports below
+        gc.disable()
     from accel_mnist import cli
 
     import_cli = time.perf_counter() - tick
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)
         setattr(module, attr, _timed(name, getattr(module, attr), phases))
     tick = time.perf_counter()
-    rc = cli.main(sys.argv[1:] if argv is None else argv)
+    rc = cli.main(argv)  # None: sys.argv[1:], as the command's own process
     cli_seconds = time.perf_counter() - tick
     total = phases.get("train", {}).get("seconds", 0.0)
     inner = sum(v["seconds"] for k, v in phases.items() if k != "train")

@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+
+import pytest
+
 from accel_mnist.cli import main
+from tests.helpers import run_command
 
 
 def test_main_returns_exit_code_in_process(capsys, tmp_path):
     assert main(["train", "--data-dir", str(tmp_path), "--no-download", "--output-dir", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_in_process_calls_leave_the_collector_alone(tmp_path):
+    frozen = gc.get_freeze_count()
+    assert main(["configs"]) == 0
+    assert main(["train", "--data-dir", str(tmp_path), "--no-download", "--output-dir", str(tmp_path / "o")]) == 2
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
+# The command's own process: the collector is off through the imports, then on again with what
+# they left frozen. Printed at exit, after the command has run (or failed) and returned.
+OWN_PROCESS = """
+import atexit, gc, sys
+atexit.register(lambda: print("collector", gc.isenabled(), gc.get_freeze_count() > 100000))
+sys.argv = ["accel-mnist", *sys.argv[1:]]
+import runpy
+runpy.run_module("accel_mnist", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("argv", [["configs"], ["train", "--data-dir", "MISSING", "--no-download"]])
+def test_a_command_freezes_what_its_imports_left(argv, tmp_path):
+    argv = [str(tmp_path / "missing") if a == "MISSING" else a for a in argv]
+    proc = run_command([sys.executable, "-c", OWN_PROCESS, *argv, *(["--output-dir", str(tmp_path / "o")]
+                                                                    if argv[0] == "train" else [])])  # fmt: skip
+    assert proc.stdout.strip().splitlines()[-1] == "collector True True", proc.stdout + proc.stderr[-2000:]
