@@ -41,7 +41,7 @@ import json, sys, torch
 from accel_mnist import TrainConfig, train
 from tests.helpers import run_command
 
-seen = []  # per forward: (tracks gradients, under CPU autocast); prewarm's copy appends here too
+seen = []  # per forward: (tracks gradients, under autocast); prewarm's copy appends here too
 
 class Recorder(torch.nn.Module):
     def __init__(self):
@@ -49,7 +49,7 @@ class Recorder(torch.nn.Module):
         self.head = torch.nn.Linear(784, 10)
 
     def forward(self, x):
-        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled(x.device.type)))
         return self.head(x.flatten(1))
 
 config = TrainConfig(max_steps=1, batch_size=32, eval_batch_size=2000, data_dir=sys.argv[1], data_loader="device",
