@@ -283,16 +283,17 @@ def run(args) -> dict:
     model.train()
     if args.warmup:
         # As accel_mnist's `prewarm: true`: an untimed forward and backward on a copy, in the run's
-        # precision, for each batch shape of an epoch (kernel loading and cuDNN's choices leave
-        # the clock; the trained weights and the loader's order are untouched).
+        # precision, of a batch drawn from the loader (its assembly's kernels load here too; the
+        # draw moves the loader on by one epoch) and of the epoch's last, smaller shape (kernel
+        # loading and cuDNN's choices leave the clock; the trained weights are untouched).
         import copy
 
         spare = copy.deepcopy(model)
+        x, y = next(iter(train_loader))
         samples = len(train_loader.labels) if isinstance(train_loader, DeviceBatches) else len(train_loader.dataset)
         for size in sorted({args.batch_size, samples % args.batch_size} - {0}, reverse=True):
-            x = torch.zeros(size, 1, 28, 28, device=device)
             with autocast():
-                loss = F.cross_entropy(spare(x).float(), torch.zeros(size, dtype=torch.long, device=device))
+                loss = F.cross_entropy(spare(x[:size].to(device)).float(), y[:size].to(device))
             loss.backward()
         del spare
         sync(device)
