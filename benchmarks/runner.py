@@ -1,6 +1,6 @@
 """Run one suite of benchmarks/suites.py and write its results folder.
 
-    python -m benchmarks cpu  [--out DIR] [--budget SECONDS] [--dry-run] [--group step ...]
+    python -m benchmarks cpu  [--out DIR] [--budget SECONDS] [--dry-run] [--group step ...] [--row NAME ...]
     python -m benchmarks h200 --recipe recipes/fast99.yaml --out DIR
     python -m benchmarks memory_cpu | memory_h200 | memory_h200x2 --out DIR
 
@@ -161,13 +161,15 @@ def skip_reason(row: Row, suite: dict[str, Any], recipe: str | None) -> str | No
 
 
 def run_suite(name: str, out: Path, recipe: str | None = None, budget: float = float("inf"), dry_run: bool = False,
-              keep_runs: bool = False, only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run every row of suite `name` (interleaved within groups; `only`: these groups) and return the record."""
+              keep_runs: bool = False, only: list[str] | None = None,
+              rows_only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run every row of suite `name` (interleaved within groups; `only`: these groups; `rows_only`:
+    these rows) and return the record."""
     suite = SUITES[name]
     ctx = context(out, recipe)
     groups: dict[str, list[Row]] = {}
     for row in suite["rows"]:
-        if only is None or row["group"] in only:
+        if (only is None or row["group"] in only) and (rows_only is None or row["name"] in rows_only):
             groups.setdefault(row["group"], []).append(row)
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
@@ -218,17 +220,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("--keep-runs", action="store_true", help="keep each run's folder under DIR/runs/")
     p.add_argument("--group", action="append", default=None, help="run only this group's rows (repeatable)")
+    p.add_argument("--row", action="append", default=None, help="run only this row (repeatable)")
     args = p.parse_args(argv)
     groups = {row["group"] for row in SUITES[args.suite]["rows"]}
     if args.group and set(args.group) - groups:
         print(f"error: --group {', '.join(sorted(set(args.group) - groups))}: not a group of {args.suite} "
               f"({', '.join(sorted(groups))})", file=sys.stderr)  # fmt: skip
         return 2
+    names = {row["name"] for row in SUITES[args.suite]["rows"]}
+    if args.row and set(args.row) - names:
+        print(f"error: --row {', '.join(sorted(set(args.row) - names))}: not a row of {args.suite}", file=sys.stderr)
+        return 2
     if args.recipe and not Path(args.recipe).is_file():
         print(f"error: --recipe {args.recipe}: no such file", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else benchlib.default_out_dir(benchlib.hardware())
-    record = run_suite(args.suite, out, args.recipe, args.budget, args.dry_run, args.keep_runs, args.group)
+    record = run_suite(args.suite, out, args.recipe, args.budget, args.dry_run, args.keep_runs, args.group, args.row)
     if args.dry_run:
         return 0
     from benchmarks import report

@@ -105,6 +105,13 @@ H200: list[Row] = [
              "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
              "--no-save-checkpoints"],
      "parse": "curve", "target": 0.99, "repeat": 1, "budget": 75},
+    {"name": "seed_zero2_epoch1", "group": "seed_setup", "what": "the same, one epoch evaluated every 100 steps "
+     "(off the clock): where in the epoch the first epoch's extra seconds go",
+     "cmd": ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1",
+             "-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "1",
+             "--eval-every", "100", "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet",
+             "--no-export", "--no-save-checkpoints"],
+     "parse": "curve", "target": 0.99, "repeat": 1, "budget": 35},
     {"name": "seed_plain_fp16", "group": "seed_setup", "what": "plain PyTorch, same setup, fp16 autocast + "
      "GradScaler, torch DataLoader", "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--model",
      "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "5", "--data", "dataloader", "--precision", "fp16",

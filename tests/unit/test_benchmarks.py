@@ -110,6 +110,16 @@ def test_a_group_runs_alone(capsys, tmp_path):
     assert "error: --group stpe: not a group of cpu" in capsys.readouterr().err
 
 
+def test_a_row_runs_alone(capsys, tmp_path):
+    twin = next(row for row in SUITES["h200_speed"]["rows"] if row["name"] == "recipe_graph_plain")
+    argv = ["h200_speed", "--dry-run", "--row", "recipe_graph_plain", "--recipe", "recipes/fast99.yaml"]
+    assert runner.main([*argv, "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(runner.runs_of(twin)) and all("baselines.plain_pytorch" in line for line in lines)
+    assert runner.main(["h200_speed", "--dry-run", "--row", "recipe_grpah", "--out", str(tmp_path)]) == 2
+    assert "error: --row recipe_grpah: not a row of h200_speed" in capsys.readouterr().err
+
+
 def test_runner_refuses_a_missing_recipe(capsys, tmp_path):
     assert runner.main(["h200", "--recipe", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)]) == 2
     assert "error: --recipe" in capsys.readouterr().err
