@@ -261,3 +261,31 @@ def test_a_step_profile_row_shows_each_variant():
     text = report.key_numbers({"name": "step_profile", "parse": "json_line"}, runs)
     assert text == ("batch_size 512; cuda_graph channels-last 1.37 ms/step (GPU 1.33, 2 launches); "
                     "cuda_graph NCHW 1.37 ms/step (GPU 1.33, 2 launches)")  # fmt: skip
+
+
+def test_step_trace_finds_the_loops_steps(tmp_path):
+    import gzip
+
+    from benchmarks import step_trace
+
+    def event(name, ts, dur):
+        return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur}
+
+    loop = "accel_mnist/training/loop.py"
+    events = [
+        event(f"{loop}(33): train", 0, 10_000),
+        event("accel_mnist/training/start.py(49): start_run", 10, 4_000),
+        event(f"{loop}(100): fit", 5_000, 4_000),
+        event(f"{loop}(150): micro_batch", 5_100, 900),
+        event("torch/optim/lr_scheduler.py(1): step", 6_050, 100),
+        event(f"{loop}(150): micro_batch", 6_200, 800),
+    ]
+    trace = tmp_path / "trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    report = step_trace.summarize(trace)
+    assert report["train_ms"] == 10.0
+    assert report["children"][0] == ("accel_mnist/training/start.py(49): start_run", 4.0)
+    # the first step from fit's start to its micro_batch's end; the scheduler falls in the second
+    assert [s["ms"] for s in report["steps"]] == [1.0, 1.0]
+    assert "lr_scheduler" in report["steps"][1]["longest"][1][0]
