@@ -3,9 +3,9 @@
     python -m benchmarks.readme          # rewrite the text between the two markers
     python -m benchmarks.readme --check  # exit 1 where that text is stale (tests/test_benchmarks.py)
 
-What each suite runs comes from suites.py. For every group of a suite, the newest
-results/*/suite.json (by its date) that ran the group gives the group's table, so a run of
-one group (`--group step`) updates that table only. Folders without a suite.json (the
+What each suite runs comes from suites.py. For every row of a suite, the newest
+results/*/suite.json (by its date) that ran the row gives its line in its group's table, so a
+run of one group (`--group step`) or one row (`--row NAME`) updates those lines only. Folders without a suite.json (the
 2026-11-30 sessions' per-benchmark records) are listed, not read.
 """
 
@@ -47,14 +47,18 @@ def load(results: Path) -> list[tuple[Path, dict[str, Any]]]:
     return [(path.parent, json.loads(path.read_text())) for path in sorted(results.glob("*/suite.json"))]
 
 
-def newest_by_group(found: list[tuple[Path, dict[str, Any]]]) -> dict[str, dict[str, tuple[Path, dict[str, Any]]]]:
-    """suite -> group -> the newest (folder, record) with a run of one of the group's rows."""
-    out: dict[str, dict[str, tuple[Path, dict[str, Any]]]] = {}
+Pick = tuple[Path, dict[str, Any]]  # (folder, record)
+
+
+def newest_by_group(found: list[Pick]) -> dict[str, dict[str, dict[str, Pick]]]:
+    """suite -> group -> row -> the newest (folder, record) with a run of that row: a call that ran
+    some of a group's rows (`--row`) takes over only those."""
+    out: dict[str, dict[str, dict[str, Pick]]] = {}
     for folder, record in sorted(found, key=lambda item: (item[1]["date"], item[0].name)):
         ran = {run["row"] for run in record["runs"]}
         for row in record["rows"]:
             if row["name"] in ran:
-                out.setdefault(record["suite"], {})[row["group"]] = (folder, record)
+                out.setdefault(record["suite"], {}).setdefault(row["group"], {})[row["name"]] = (folder, record)
     order = list(SUITES)
     return {
         suite: dict(sorted(groups.items(), key=lambda g: _group_rank(suite, g[0])))
@@ -84,26 +88,36 @@ def numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     return report.key_numbers(row, runs)
 
 
-def group_table(suite: str, group: str, folder: Path, record: dict[str, Any]) -> list[str]:
-    rows = [row for row in record["rows"] if row["group"] == group]
-    names = {row["name"] for row in rows}
-    runs = [run for run in record["runs"] if run["row"] in names]
-    loads = [run["loadavg_1m"] for run in runs if run.get("loadavg_1m") is not None]
-    load = f", load {min(loads):.2f}–{max(loads):.2f}" if loads else ""
-    lines = [f"#### `{suite}` {group}: {_link(folder)}, {_when(record['date'])}, {record['hardware_label']}{load}", ""]
-    ratios = report.ratio_lines({**record, "ratios": [r for r in record.get("ratios", []) if r[0] in names]})
-    lines += [*ratios, *([""] if ratios else [])]
+def group_table(suite: str, group: str, picks: dict[str, Pick]) -> list[str]:
+    """The group's table: each row from its own newest folder, newest folder first in the heading."""
+    folders = sorted({folder: record for folder, record in picks.values()}.items(), key=lambda f: f[1]["date"],
+                     reverse=True)  # fmt: skip
+    where = "; ".join(f"{_link(folder)}, {_when(record['date'])}, {record['hardware_label']}{_load(record, picks)}"
+                      for folder, record in folders)  # fmt: skip
+    lines = [f"#### `{suite}` {group}: {where}", ""]
+    for folder, record in folders:
+        mine = {name for name, (f, _) in picks.items() if f == folder}
+        ratios = report.ratio_lines({**record, "ratios": [r for r in record.get("ratios", []) if {r[0], r[1]} <= mine]})
+        lines += [*ratios, *([""] if ratios else [])]
     lines += ["| row | runs ok | wall s, median (min–max) | numbers |", "|---|---:|---:|---|"]
-    for row in rows:
-        mine = [run for run in runs if run["row"] == row["name"]]
-        if not mine:
-            continue
+    suite_order = [row["name"] for row in SUITES.get(suite, {}).get("rows", [])]
+    for name in sorted(picks, key=lambda n: suite_order.index(n) if n in suite_order else len(suite_order)):
+        folder, record = picks[name]
+        row = next(row for row in record["rows"] if row["name"] == name)
+        mine = [run for run in record["runs"] if run["row"] == name]
         walls = [run["wall_seconds"] for run in mine if run["rc"] == 0]
         failed = sorted({str(run["rc"]) for run in mine if run["rc"] != 0})
         ok = f"{len(walls)}/{len(mine)}" + (f" (rc {', '.join(failed)})" if failed else "")
         cell = numbers(row, mine).replace("|", "\\|")
-        lines.append(f"| {row['name']} | {ok} | {report._stats(walls)} | {cell} |")
+        tag = f" ({folder.name})" if len(folders) > 1 else ""
+        lines.append(f"| {name}{tag} | {ok} | {report._stats(walls)} | {cell} |")
     return lines + [""]
+
+
+def _load(record: dict[str, Any], picks: dict[str, Pick]) -> str:
+    names = {name for name, (_, r) in picks.items() if r is record}
+    loads = [run["loadavg_1m"] for run in record["runs"] if run["row"] in names and run.get("loadavg_1m") is not None]
+    return f", load {min(loads):.2f}–{max(loads):.2f}" if loads else ""
 
 
 def suite_table(name: str) -> list[str]:
@@ -151,8 +165,8 @@ def generate(results: Path = benchlib.RESULTS) -> str:
         lines += suite_table(name)
     lines += ["### Newest results, per group", ""]
     for suite, groups in newest_by_group(load(results)).items():
-        for group, (folder, record) in groups.items():
-            lines += group_table(suite, group, folder, record)
+        for group, picks in groups.items():
+            lines += group_table(suite, group, picks)
     lines += ["### Results folders", "", *folder_index(results)]
     return "\n".join(lines)
 

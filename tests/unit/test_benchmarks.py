@@ -289,3 +289,19 @@ def test_step_trace_finds_the_loops_steps(tmp_path):
     # the first step from fit's start to its micro_batch's end; the scheduler falls in the second
     assert [s["ms"] for s in report["steps"]] == [1.0, 1.0]
     assert "lr_scheduler" in report["steps"][1]["longest"][1][0]
+
+
+def test_a_call_of_one_row_takes_over_that_row_only(tmp_path):
+    from benchmarks import readme
+
+    results = tmp_path / "results"
+    _suite_json(results / "cpu-a-2026-12-01", "2026-12-01T08:00:00Z", {"floor": [4.0], "one_step": [6.0]})
+    _suite_json(results / "cpu-c-2026-12-03", "2026-12-03T08:00:00Z", {"one_step": [7.5]})  # as --row one_step
+    text = readme.generate(results)
+    start = text.index("#### `cpu` startup")
+    startup = text[start : text.index("\n###", start + 1)]
+    assert startup.index("cpu-c-2026-12-03") < startup.index("cpu-a-2026-12-01")  # both, the newest first
+    assert (
+        "| floor (cpu-a-2026-12-01) | 1/1 | 4 |" in startup and "| one_step (cpu-c-2026-12-03) | 1/1 | 7.5 |" in startup
+    )
+    assert "one_step / floor" not in startup  # a ratio only within one call
