@@ -172,6 +172,14 @@ H200_SPEED: list[Row] = [
      "bf16), a fresh process per seed", "needs": "recipe",
      "cmd": [*PLAIN_GRAPH_BF16, "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
      "parse": "curve", "target": 0.99, "seeds": list(range(8)), "budget": 95},
+    {"name": "recipe_graph_cudnn", "group": "time_to_99_cudnn", "what": "the recipe_graph commands with "
+     "--cudnn-benchmark (0.180 s in one process, h200-2026-12-02h): cuDNN's autotuning in prewarm and capture",
+     "needs": "recipe", "cmd": ["{python}", "-m", "accel_mnist", *GRAPH_RUN, "--cudnn-benchmark"], "env": BF16,
+     "parse": "curve", "target": 0.99, "seeds": list(range(20)), "budget": 290},
+    {"name": "recipe_graph_cudnn_plain", "group": "time_to_99_cudnn", "what": "the plain twin's fresh commands "
+     "with --cudnn-benchmark", "needs": "recipe",
+     "cmd": [*PLAIN_GRAPH_BF16, "--cudnn-benchmark", "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
+     "parse": "curve", "target": 0.99, "seeds": list(range(8)), "budget": 100},
     {"name": "repeat", "group": "variants", "what": "accel_mnist, fast99.yaml (eager, beta1 cycled), 10 seeds in "
      "one process", "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-9"],
      "parse": "json_line", "repeat": 1, "budget": 25},
