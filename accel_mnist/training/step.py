@@ -21,8 +21,7 @@ says why, in one line. What capture changes, and what it costs:
 * Capture wants a few eager iterations first, on a side stream (torch.cuda.graphs docs); they
   run on the real model and optimizer, and are then undone in place (parameters, buffers and
   optimizer state copied back, state created by them zeroed: what a fresh Adam starts from),
-  so the run trains the same weights as the eager step, within float tolerance. The graph is
-  then replayed once and undone the same way, so that its upload is capture time, not a step's.
+  so the run trains the same weights as the eager step, within float tolerance.
 * A batch of another shape (the epoch's last, smaller one) takes the eager step on the same
   tensors; the replayed loss is copied out each step (one small device copy), since the loop
   keeps each step's loss until it next reads them.
@@ -204,12 +203,6 @@ class GraphedStep:
             # library's would otherwise fail the capture.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 loss = self._work()
-            # A graph's first replay also uploads it to the device: the fresh commands' first step
-            # took 3-10 ms where the others take 1.4 (warmup_seconds, h200-2026-12-02b). Replay it
-            # once here, on the static zeros, and undo that step as the warm-up's were undone.
-            graph.replay()
-            torch.cuda.current_stream().synchronize()
-            snapshot.restore()
         except RuntimeError:
             # The eager step then trains from where the run stood, not from the warm-up's steps.
             torch.cuda.synchronize()
