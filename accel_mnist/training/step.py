@@ -167,8 +167,7 @@ class GraphedStep:
         self.inner = inner  # the torch optimizer itself: its step is what is captured
         device = eager.accelerator.device
         make_capturable(self.inner, device)
-        layout = torch.channels_last if eager.channels_last and len(batch_shape) == 4 else torch.contiguous_format
-        self.static_inputs = torch.zeros(batch_shape, device=device).contiguous(memory_format=layout)
+        self.static_inputs = step_input(torch.zeros(batch_shape, device=device), eager.channels_last)
         self.static_labels = torch.zeros(batch_shape[0], dtype=torch.int64, device=device)
         start = time.perf_counter()
         self.graph, self.static_loss = self._capture()
