@@ -66,6 +66,11 @@ SINGLE_GPU = ["{accelerate}", "launch", "--config_file", "accelerate_configs/sin
 BF16 = {"ACCELERATE_MIXED_PRECISION": "bf16"}
 RECIPE_RUN = ["train", "--config", "{recipe}", "--seed", "{seed}", "--data-dir", "{data}", "--output-dir", "{run}",
               "--overwrite", "--quiet"]  # fmt: skip
+# The seed's setup through accel_mnist (ZeRO-2 fp16 on one GPU, linear b64, Adam 3e-4); rows add the epochs.
+SEED_ZERO2 = ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1",
+              "-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4",
+              "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
+              "--no-save-checkpoints"]  # fmt: skip
 H200: list[Row] = [
     {"name": "recipe", "group": "time_to_99", "what": "python -m accel_mnist train --config RECIPE (the recipe's "
      "precision: fp32), a fresh process per seed", "needs": "recipe",
@@ -100,11 +105,7 @@ H200: list[Row] = [
      "parse": "curve", "target": 0.99, "seeds": [0], "budget": 40},
     {"name": "seed_zero2", "group": "seed_setup", "what": "the seed's setup through accel_mnist: zero2.yaml, 1 GPU, "
      "linear b64, Adam 3e-4, 5 epochs (fp16)",
-     "cmd": ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1",
-             "-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "5",
-             "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
-             "--no-save-checkpoints"],
-     "parse": "curve", "target": 0.99, "repeat": 1, "budget": 75},
+     "cmd": [*SEED_ZERO2, "--epochs", "5"], "parse": "curve", "target": 0.99, "repeat": 1, "budget": 75},
     {"name": "seed_plain_fp16", "group": "seed_setup", "what": "plain PyTorch, same setup, fp16 autocast + "
      "GradScaler, torch DataLoader", "cmd": ["{python}", "-m", "benchmarks.baselines.plain_pytorch", "--model",
      "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "5", "--data", "dataloader", "--precision", "fp16",
@@ -208,11 +209,8 @@ H200_SPEED: list[Row] = [
                                                                              "meanwhile"))],
     {"name": "seed_zero2_epoch1", "group": "seed_epoch1", "what": "the seed's setup (h200's seed_zero2), one "
      "epoch evaluated every 100 steps (off the clock): where in the epoch the first epoch's extra seconds go",
-     "cmd": ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1",
-             "-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "1",
-             "--eval-every", "100", "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet",
-             "--no-export", "--no-save-checkpoints"],
-     "parse": "curve", "target": 0.99, "repeat": 1, "budget": 60},
+     "cmd": [*SEED_ZERO2, "--epochs", "1", "--eval-every", "100"], "parse": "curve", "target": 0.99, "repeat": 1,
+     "budget": 60},
     *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
        f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
        "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
