@@ -5,8 +5,8 @@
 
 What each suite runs comes from suites.py. For every row of a suite, the newest
 results/*/suite.json (by its date) that ran the row gives its line in its group's table, so a
-run of one group (`--group step`) or one row (`--row NAME`) updates those lines only. Folders without a suite.json (the
-2026-11-30 sessions' per-benchmark records) are listed, not read.
+run of one group (`--group step`) or one row (`--row NAME`) updates those lines only. Folders
+without a suite.json (the 2026-11-30 sessions' per-benchmark records) are listed, not read.
 """
 
 from __future__ import annotations

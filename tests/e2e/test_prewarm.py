@@ -39,7 +39,6 @@ def test_training_with_prewarm_gives_the_same_weights(synthetic_mnist, tmp_path)
 RECORDING_RUN = """
 import json, sys, torch
 from accel_mnist import TrainConfig, train
-from tests.helpers import run_command
 
 seen = []  # per forward: (tracks gradients, under autocast); prewarm's copy appends here too
 
