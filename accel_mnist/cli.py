@@ -24,7 +24,7 @@ from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file
-from .distributed.launcher_watch import local_main_process
+from .distributed.launcher_watch import exit_orphaned, local_main_process, orphaned
 from .errors import UsageError, on_every_rank
 from .training.preemption import EXIT_PREEMPTED, Preempted
 
@@ -182,3 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Point stdout at devnull so that the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except Exception:
+        if orphaned():  # a peer's collective failed because the launcher died: say that instead
+            exit_orphaned()
+        raise

@@ -24,6 +24,7 @@ LOCAL_RANK_VARS = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"
 WATCH_SECONDS = 1.0
 EXIT_ORPHANED = 1  # nobody is left to read it but a subreaper; it says "failed"
 _watching: list[int] = []
+_exiting = threading.Lock()
 
 
 def local_rank() -> int | None:
@@ -58,17 +59,31 @@ def watch_launcher() -> bool:
     return True
 
 
+def orphaned() -> bool:
+    """Whether this process is watched and its launcher is gone. An error in the main thread
+    checks it first: when the launcher dies, the peer whose watch fires first exits and the
+    others' collectives fail ("Connection reset by peer") before their own watch wakes; the
+    cause to report is the launcher, not the collective."""
+    return bool(_watching) and os.getppid() != _watching[0]
+
+
+def exit_orphaned() -> None:
+    """Say (once per machine) that the launcher is gone, and exit at once."""
+    with _exiting:  # the main thread and the watch may both get here: one line, one exit
+        if local_main_process():  # one line per machine, as for every error (cli.py)
+            message = (
+                f"error: the launcher (pid {_watching[0]}) is gone, so this run stops (pid {os.getpid()} exits); "
+                "the same command with --resume-from auto continues from the last complete checkpoint\n"
+            )
+            try:
+                os.write(2, message.encode())
+            except OSError:
+                pass  # the terminal went with the launcher
+        # Not sys.exit: the main thread may be blocked in a collective whose peers are gone.
+        os._exit(EXIT_ORPHANED)
+
+
 def _watch(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(WATCH_SECONDS)
-    if local_main_process():  # one line per machine, as for every error (cli.py)
-        message = (
-            f"error: the launcher (pid {parent}) is gone, so this run stops (pid {os.getpid()} exits); "
-            "the same command with --resume-from auto continues from the last complete checkpoint\n"
-        )
-        try:
-            os.write(2, message.encode())
-        except OSError:
-            pass  # the terminal went with the launcher
-    # Not sys.exit: the main thread may be blocked in a collective whose peers are gone.
-    os._exit(EXIT_ORPHANED)
+    exit_orphaned()
