@@ -45,6 +45,20 @@ def _step_variants(variants: Any) -> list[str]:
                                                           "launch_calls_per_step"} <= set(v)]  # fmt: skip
 
 
+def steady_ms_per_step(parsed: dict[str, Any]) -> float | None:
+    """Training ms per optimizer step past the first (results.json's warm-up step), or None:
+    the figure to set beside a benchmark that leaves its warm-up steps untimed."""
+    steps, train, warmup = parsed.get("steps"), parsed.get("train_seconds"), parsed.get("warmup_seconds")
+    if not isinstance(steps, int) or steps < 2 or train is None or warmup is None:
+        return None
+    return 1000 * (train - warmup) / (steps - 1)
+
+
+def _steady(ok: list[dict[str, Any]]) -> str:
+    values = [v for v in (steady_ms_per_step(r["parsed"]) for r in ok) if v is not None]
+    return f"ms/step past the first {_stats(values)}" if values else ""
+
+
 def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     """The row's numbers for the table, by what its parser read."""
     ok = _ok(runs)
@@ -56,7 +70,10 @@ def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         epochs = [r["parsed"]["epoch_seconds"] for r in ok if len(r["parsed"].get("epoch_seconds", [])) > 1]
         if epochs:
             text += "; s per epoch " + ", ".join(f"{s:.2f}" for s in epochs[0])
-        return text
+        return "; ".join(filter(None, [text, _steady(ok)]))
+    if row["parse"] == "results" and ok:
+        train = [r["parsed"]["train_seconds"] for r in ok if "train_seconds" in r["parsed"]]
+        return "; ".join(filter(None, [f"train s {_stats(train)}", _steady(ok)]))
     if row["name"].endswith("timeline"):
         return _median_phases(runs)
     if row["parse"] == "memory" and ok:
@@ -64,7 +81,11 @@ def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     if row["parse"] == "json_line" and ok:
         parsed = ok[-1]["parsed"]
         numbers = {k: v for k, v in parsed.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in numbers.items())
+        if len(ok) > 1:  # a repeated row: each number's median (min–max) over its runs
+            values = {k: [r["parsed"][k] for r in ok if isinstance(r["parsed"].get(k), (int, float))] for k in numbers}
+            text = ", ".join(f"{k} {_stats(v)}" for k, v in values.items())
+        else:
+            text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in numbers.items())
         return "; ".join([text, *_step_variants(parsed.get("variants"))])
     return "–"
 

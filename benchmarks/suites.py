@@ -33,6 +33,12 @@ ONE_STEP = ["train", "--model", "linear", "--max-steps", "1", "--no-export", "--
 
 Row = dict[str, Any]
 
+# The seed's setup through accel_mnist (ZeRO-2 fp16 on one GPU, linear b64, Adam 3e-4); rows add the epochs.
+SEED_LAUNCH = ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1"]
+SEED_TRAIN = ["-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4",
+              "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
+              "--no-save-checkpoints"]  # fmt: skip
+SEED_ZERO2 = [*SEED_LAUNCH, *SEED_TRAIN]
 CPU: list[Row] = [
     {"name": "floor", "group": "startup", "what": "python -c 'import torch, accelerate; torch.optim.Adam(...)'",
      "cmd": ["{python}", "-c", FLOOR], "parse": "wall", "repeat": 5},
@@ -58,6 +64,15 @@ CPU: list[Row] = [
      "__getitems__ in an Accelerate-prepared DataLoader (batch 64)",
      "cmd": ["{python}", "-m", "benchmarks.loader_overhead", "--threads", "2"],
      "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+    {"name": "seed_zero2_step", "group": "zero_step", "what": "the seed's setup through accel_mnist on CPU "
+     "(zero2.yaml, 1 process, fp32: fp16 does not run on CPU), one epoch: ms/step past the first",
+     "cmd": [*SEED_LAUNCH, "--mixed_precision", "no", *SEED_TRAIN, "--epochs", "1"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "results", "repeat": 5},
+    {"name": "zero_step_bare", "group": "zero_step", "what": "the same step in DeepSpeed's bare engine "
+     "(deepspeed.initialize, no Accelerate): 900 steps after 50 untimed",
+     "cmd": ["{python}", "-m", "benchmarks.zero_step_overhead", "--variants", "zero2", "--steps", "900",
+             "--repeats", "1"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 5},
 ]  # fmt: skip
 
 # One call of at most 10 minutes on one H200: the rows' budgets add up to 565 s, the most
@@ -66,11 +81,6 @@ SINGLE_GPU = ["{accelerate}", "launch", "--config_file", "accelerate_configs/sin
 BF16 = {"ACCELERATE_MIXED_PRECISION": "bf16"}
 RECIPE_RUN = ["train", "--config", "{recipe}", "--seed", "{seed}", "--data-dir", "{data}", "--output-dir", "{run}",
               "--overwrite", "--quiet"]  # fmt: skip
-# The seed's setup through accel_mnist (ZeRO-2 fp16 on one GPU, linear b64, Adam 3e-4); rows add the epochs.
-SEED_ZERO2 = ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1",
-              "-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4",
-              "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
-              "--no-save-checkpoints"]  # fmt: skip
 H200: list[Row] = [
     {"name": "recipe", "group": "time_to_99", "what": "python -m accel_mnist train --config RECIPE (the recipe's "
      "precision: fp32), a fresh process per seed", "needs": "recipe",

@@ -263,6 +263,23 @@ def test_a_step_profile_row_shows_each_variant():
                     "cuda_graph NCHW 1.37 ms/step (GPU 1.33, 2 launches)")  # fmt: skip
 
 
+def test_a_run_shows_its_ms_per_step_past_the_first_step():
+    """Beside a benchmark that leaves its warm-up untimed, a run's steps past its first count."""
+    runs = [{"rc": 0, "parsed": {"steps": 11, "train_seconds": 1.5, "warmup_seconds": 0.5}},
+            {"rc": 0, "parsed": {"steps": 11, "train_seconds": 1.3, "warmup_seconds": 0.5}},
+            {"rc": 1, "parsed": {"steps": 11, "train_seconds": 9.0, "warmup_seconds": 0.0}}]  # fmt: skip
+    assert report.steady_ms_per_step(runs[0]["parsed"]) == pytest.approx(100.0)
+    assert report.steady_ms_per_step({"steps": 1, "train_seconds": 0.5, "warmup_seconds": 0.5}) is None
+    text = report.key_numbers({"name": "r", "parse": "results"}, runs)
+    assert text == "train s 1.4 (1.3–1.5); ms/step past the first 90 (80–100)"
+
+
+def test_a_repeated_json_line_row_shows_each_numbers_median_and_range():
+    runs = [{"rc": 0, "parsed": {"ms": v}} for v in (1.0, 3.0, 2.0)]
+    assert report.key_numbers({"name": "r", "parse": "json_line"}, runs) == "ms 2 (1–3)"
+    assert report.key_numbers({"name": "r", "parse": "json_line"}, runs[:1]) == "ms 1"
+
+
 def test_step_trace_finds_the_loops_steps(tmp_path):
     import gzip
 
