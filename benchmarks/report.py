@@ -90,15 +90,41 @@ def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     return "–"
 
 
+def run_value(run: dict[str, Any], key: str) -> float | None:
+    """A run's number for a ratio: its wall seconds, "steady_ms" (steady_ms_per_step), or a parsed key."""
+    if key == "wall_seconds":
+        return run["wall_seconds"]
+    parsed = run.get("parsed") or {}
+    value = steady_ms_per_step(parsed) if key == "steady_ms" else parsed.get(key)
+    return value if isinstance(value, (int, float)) else None
+
+
 def ratio_lines(record: dict[str, Any]) -> list[str]:
-    """`numerator / denominator` of the rows' wall seconds, as each ratio of the suite names."""
+    """Each ratio the suite names, `(numerator row, denominator row, statistic[, its key, their key])`:
+    of wall seconds unless keys are given; statistic "median", "min", or "pairs" (the median of
+    run-by-run ratios, runs paired by their repeat index, as the runner interleaves them)."""
     lines = []
-    for num, den, stat in record.get("ratios", []):
-        a = [r["wall_seconds"] for r in record["runs"] if r["row"] == num and r["rc"] == 0]
-        b = [r["wall_seconds"] for r in record["runs"] if r["row"] == den and r["rc"] == 0]
-        if a and b:
+    for num, den, stat, *keys in record.get("ratios", []):
+        num_key, den_key = keys or ("wall_seconds", "wall_seconds")
+
+        def values(row: str, key: str) -> dict[int, float]:
+            found = {}
+            for r in record["runs"]:
+                if r["row"] == row and r["rc"] == 0 and (v := run_value(r, key)) is not None:
+                    found[r.get("index", len(found))] = v
+            return found
+
+        a, b = values(num, num_key), values(den, den_key)
+        label = "wall seconds" if not keys else f"{num_key} / {den_key}"
+        if stat == "pairs":
+            pairs = [a[i] / b[i] for i in sorted(a.keys() & b.keys()) if b[i]]
+            if pairs:
+                lines.append(f"* {num} / {den} ({label}, run by run): median **{statistics.median(pairs):.3f}** "
+                             f"({min(pairs):.3f}–{max(pairs):.3f}) over {len(pairs)} pairs")  # fmt: skip
+        elif a and b:
             f = statistics.median if stat == "median" else min
-            lines.append(f"* {num} / {den} ({stat} wall seconds): {f(a):.2f} / {f(b):.2f} = **{f(a) / f(b):.2f}**")
+            x, y = f(a.values()), f(b.values())
+            lines.append(f"* {num} / {den} ({stat} {label}): {x:.2f} / {y:.2f} = **{x / y:.2f}**")
     return lines
 
 

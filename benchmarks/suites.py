@@ -17,7 +17,8 @@ A row is a dict:
   budget   seconds the row may take at most (the runner skips it when less is left)
 
 `ratios` name the comparisons the README table states, as (numerator row, denominator
-row, statistic): e.g. the 1-step command's median wall time over the floor's.
+row, statistic[, numerator key, denominator key]): e.g. the 1-step command's median wall time
+over the floor's; "pairs" takes the median of run-by-run ratios (report.ratio_lines).
 """
 
 from __future__ import annotations
@@ -286,13 +287,21 @@ MEMORY_H200X2: list[Row] = [
 SUITES: dict[str, dict[str, Any]] = {
     "cpu": {
         "rows": CPU,
-        "ratios": [("one_step", "floor", "median"), ("one_step", "floor", "min")],
+        "ratios": [
+            ("one_step", "floor", "median"),
+            ("one_step", "floor", "min"),
+            ("seed_zero2_step", "zero_step_bare", "pairs", "steady_ms", "ms_per_step.zero2"),
+        ],
         "plot": None,
     },
     "h200": {
         "rows": H200,
         "needs": "cuda",
-        "ratios": [("one_step", "floor", "median"), ("one_step_launch", "floor", "median")],
+        "ratios": [
+            ("one_step", "floor", "median"),
+            ("one_step_launch", "floor", "median"),
+            ("seed_zero2", "zero_step", "pairs", "steady_ms", "ms_per_step.zero2"),
+        ],
         # test accuracy against training seconds, one curve per run
         "plot": [
             "recipe",

@@ -46,7 +46,7 @@ def test_suite_rows_are_complete_and_their_commands_fill(name, tmp_path):
         for part in row["cmd"]:
             if part.startswith("accelerate_configs/"):
                 assert (REPO / part).is_file(), part
-    for num, den, _ in suite.get("ratios", []):
+    for num, den, *_ in suite.get("ratios", []):
         assert {num, den} <= set(names)
     for plotted in suite.get("plot") or []:
         assert plotted in names
@@ -278,6 +278,21 @@ def test_a_repeated_json_line_row_shows_each_numbers_median_and_range():
     runs = [{"rc": 0, "parsed": {"ms": v}} for v in (1.0, 3.0, 2.0)]
     assert report.key_numbers({"name": "r", "parse": "json_line"}, runs) == "ms 2 (1–3)"
     assert report.key_numbers({"name": "r", "parse": "json_line"}, runs[:1]) == "ms 1"
+
+
+def test_a_pairs_ratio_pairs_runs_by_their_repeat_index():
+    def run(row, index, rc=0, **parsed):
+        return {"row": row, "index": index, "rc": rc, "wall_seconds": 1.0, "parsed": parsed}
+
+    steady = {"steps": 11, "warmup_seconds": 0.5}
+    runs = [run("a", 0, train_seconds=1.5, **steady), run("b", 0, ms=50.0),
+            run("a", 1, train_seconds=1.7, **steady), run("b", 1, rc=1, ms=1.0),  # a failed run: no pair
+            run("a", 2, train_seconds=1.3, **steady), run("b", 2, ms=100.0)]  # fmt: skip
+    record = {"ratios": [("a", "b", "pairs", "steady_ms", "ms"), ("a", "b", "median")], "runs": runs}
+    assert report.ratio_lines(record) == [
+        "* a / b (steady_ms / ms, run by run): median **1.400** (0.800–2.000) over 2 pairs",
+        "* a / b (median wall seconds): 1.00 / 1.00 = **1.00**",
+    ]
 
 
 def test_step_trace_finds_the_loops_steps(tmp_path):
