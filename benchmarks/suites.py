@@ -222,6 +222,14 @@ H200_SPEED: list[Row] = [
      "epoch evaluated every 100 steps (off the clock): where in the epoch the first epoch's extra seconds go",
      "cmd": [*SEED_ZERO2, "--epochs", "1", "--eval-every", "100"], "parse": "curve", "target": 0.99, "repeat": 1,
      "budget": 60},
+    # The seed's step against the bare engine, run against run: calls differ by 20-30%.
+    {"name": "seed_zero2_pair", "group": "seed_pairs", "what": "the seed's setup (h200's seed_zero2), 2 epochs, "
+     "three runs interleaved with the bare engine's", "cmd": [*SEED_ZERO2, "--epochs", "2"], "parse": "curve",
+     "target": 0.99, "repeat": 3, "budget": 110},
+    {"name": "zero_step_pair", "group": "seed_pairs", "what": "the seed's step in DeepSpeed's bare engine, "
+     "ZeRO-2 fp16, 900 steps after 50 untimed",
+     "cmd": ["{python}", "-m", "benchmarks.zero_step_overhead", "--variants", "zero2", "--steps", "900",
+             "--repeats", "1"], "parse": "json_line", "repeat": 3, "budget": 75},
     *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
        f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
        "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
@@ -313,7 +321,12 @@ SUITES: dict[str, dict[str, Any]] = {
             "seed_script",
         ],
     },
-    "h200_speed": {"rows": H200_SPEED, "needs": "cuda", "plot": ["recipe_graph", "recipe_graph_plain"]},
+    "h200_speed": {
+        "rows": H200_SPEED,
+        "needs": "cuda",
+        "ratios": [("seed_zero2_pair", "zero_step_pair", "pairs", "steady_ms", "ms_per_step.zero2")],
+        "plot": ["recipe_graph", "recipe_graph_plain"],
+    },
     "memory_cpu": {"rows": MEMORY_CPU, "plot": None},
     "memory_h200": {"rows": MEMORY_H200, "needs": "cuda", "plot": None},
     "memory_h200x2": {"rows": MEMORY_H200X2, "needs": "cuda", "plot": None},
