@@ -21,12 +21,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import TrainConfig
 from ..model_output import logits_of
-from .step import step_input
+from .step import batch_loss, step_input
 
 
 def prewarm(
@@ -54,10 +53,10 @@ def prewarm(
         twin = copy.deepcopy(model).to(device).train()
         optimizer = build_optimizer(twin, config)
         for size in sorted({config.batch_size, train_samples % config.batch_size} - {0}, reverse=True):
-            inputs = step_input(torch.zeros(size, *input_shape, device=device), config.channels_last)
+            inputs = torch.zeros(size, *input_shape, device=device)
             labels = torch.zeros(size, dtype=torch.long, device=device)
-            with autocast():
-                loss = F.cross_entropy(logits_of(twin(inputs)).float(), labels)
+            with autocast():  # float32 inputs, as the loader yields them
+                loss = batch_loss(twin, inputs, labels, config.channels_last, torch.float32)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()

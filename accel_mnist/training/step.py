@@ -60,6 +60,13 @@ def step_input(inputs: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return inputs
 
 
+def batch_loss(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, channels_last: bool, dtype: torch.dtype
+) -> torch.Tensor:
+    """The forward pass and the loss, as every step computes them (prewarm's copy included)."""
+    return F.cross_entropy(logits_of(model(step_input(inputs, channels_last).to(dtype))).float(), labels)
+
+
 class EagerStep:
     """Forward, backward and (at the end of an accumulation) the optimizer step of one micro-batch."""
 
@@ -78,8 +85,7 @@ class EagerStep:
 
     def loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The forward pass and the loss, as every step computes them."""
-        inputs = step_input(inputs, self.channels_last)
-        return F.cross_entropy(logits_of(self.model(inputs.to(self.input_dtype))).float(), labels)
+        return batch_loss(self.model, inputs, labels, self.channels_last, self.input_dtype)
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self.micro.accumulate():
