@@ -99,6 +99,15 @@ def run_value(run: dict[str, Any], key: str) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
+def _values_by_index(record: dict[str, Any], row: str, key: str) -> dict[int, float]:
+    """The row's successful runs' values of `key`, by repeat index."""
+    found = {}
+    for r in record["runs"]:
+        if r["row"] == row and r["rc"] == 0 and (v := run_value(r, key)) is not None:
+            found[r.get("index", len(found))] = v
+    return found
+
+
 def ratio_lines(record: dict[str, Any]) -> list[str]:
     """Each ratio the suite names, `(numerator row, denominator row, statistic[, its key, their key])`:
     of wall seconds unless keys are given; statistic "median", "min", or "pairs" (the median of
@@ -106,15 +115,7 @@ def ratio_lines(record: dict[str, Any]) -> list[str]:
     lines = []
     for num, den, stat, *keys in record.get("ratios", []):
         num_key, den_key = keys or ("wall_seconds", "wall_seconds")
-
-        def values(row: str, key: str) -> dict[int, float]:
-            found = {}
-            for r in record["runs"]:
-                if r["row"] == row and r["rc"] == 0 and (v := run_value(r, key)) is not None:
-                    found[r.get("index", len(found))] = v
-            return found
-
-        a, b = values(num, num_key), values(den, den_key)
+        a, b = _values_by_index(record, num, num_key), _values_by_index(record, den, den_key)
         label = "wall seconds" if not keys else f"{num_key} / {den_key}"
         if stat == "pairs":
             pairs = [a[i] / b[i] for i in sorted(a.keys() & b.keys()) if b[i]]
