@@ -114,7 +114,8 @@ class TrainConfig:
         default=False,
         metadata={
             "help": "before the training clock starts, run one untimed step on a copy of the model "
-            "(GPU kernel loading; reported as prewarm_seconds, the weights are unchanged)"
+            "(GPU kernel loading; under DeepSpeed also on a throwaway engine; reported as prewarm_seconds, the weights "
+            "are unchanged)"
         },
     )
     checkpoint_every: int = field(

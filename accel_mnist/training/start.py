@@ -3,6 +3,7 @@ model, optimizer and schedule prepared, and any checkpoint loaded (training/loop
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..distributed import consensus
+from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.strategy import check_model, prepare, strategy_fields
 from ..run import checkpoint as ckpt
@@ -24,7 +26,7 @@ from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import StopSignals
 from .prewarm import prewarm
-from .step import to_memory_format
+from .step import batch_loss, to_memory_format
 
 
 @dataclass
@@ -107,9 +109,19 @@ def start_run(
             model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast
         )
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
+    # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
+    engine_twin = copy.deepcopy(model) if config.prewarm and accelerator.state.deepspeed_plugin else None
     model, optimizer, scheduler = prepare(
         accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume), saved_strategy
     )
+    if engine_twin is not None:
+        batch_shape = (config.batch_size, *state.input_shape)
+        facts["prewarm_engine_seconds"] = prewarm_engine(
+            accelerator, engine_twin, config, batch_shape,
+            lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype),
+        )  # fmt: skip
+        facts["prewarm_seconds"] += facts["prewarm_engine_seconds"]
+        del engine_twin
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
     if resume:
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from accel_mnist import TrainConfig, train
-from tests.helpers import run_command
+from tests.helpers import REPO, accelerate_launch, run_command
 
 
 @pytest.mark.skipif(
@@ -66,3 +66,22 @@ def test_prewarm_runs_under_the_launchs_mixed_precision(mnist_dir, tmp_path):
     assert out["mixed_precision"] == "bf16"
     # The training forwards: prewarm's on its copy, then the run's one step; both in bf16.
     assert [autocast for grad, autocast in out["seen"] if grad] == [True, True], out["seen"]
+
+
+def test_deepspeed_prewarm_steps_a_throwaway_engine_and_changes_no_weight(tmp_path):
+    # ZeRO-2 on CPU (fp32): the throwaway engine's setup and step are collectives and kernels of
+    # the run's own engine kind; the run's weights must come out bit for bit the same.
+    launch = ["--config_file", str(REPO / "accelerate_configs" / "zero2.yaml"), "--num_processes", "1",
+              "--mixed_precision", "no"]  # fmt: skip
+    runs = {}
+    for flag in ("--prewarm", "--no-prewarm"):
+        out = tmp_path / flag.strip("-")
+        proc, results = accelerate_launch(launch, ["--model", "linear", "--max-steps", "8", "--no-save-checkpoints",
+                                                   flag], out, timeout=300)  # fmt: skip
+        assert proc.returncode == 0 and results is not None, proc.stderr[-3000:]
+        assert results["distributed_type"] == "DEEPSPEED"
+        runs[flag] = (results, load_file(out / "model.safetensors"))
+    (warm, warm_w), (cold, cold_w) = runs["--prewarm"], runs["--no-prewarm"]
+    assert 0 < warm["prewarm_engine_seconds"] < warm["prewarm_seconds"] and cold["prewarm_seconds"] == 0
+    assert "prewarm_engine_seconds" not in cold
+    assert warm_w.keys() == cold_w.keys() and all(torch.equal(warm_w[k], cold_w[k]) for k in warm_w)
