@@ -106,8 +106,8 @@ class TrainConfig:
     cuda_graph: bool = field(
         default=False,
         metadata={
-            "help": "capture the training step once as a CUDA graph and replay it (one GPU process, Adam or AdamW, "
-            "no clipping, no fp16; elsewhere the eager step runs and a line says why)"
+            "help": "capture the training step once as a CUDA graph and replay it (one GPU process or DDP, "
+            "Adam or AdamW, no clipping, no fp16; elsewhere the eager step runs and a line says why)"
         },
     )
     prewarm: bool = field(

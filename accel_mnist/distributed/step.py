@@ -13,17 +13,23 @@ micro-batches in `accelerator.step`, which then stays 0: with one micro-batch pe
 count decides nothing), and `accelerator.backward` divides the loss by 1: one more tensor op
 and one more autograd node per step (a kernel launch each way on a GPU), for the same
 gradients bit for bit.
+
+`captures_under_ddp`: whether a run captures its step under DDP, which `prepare` (the side
+stream DDP is built on, `ddp_side_stream`) and the captured step (its warm-up) must agree on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
+from ..config import TrainConfig
 from .strategy_checks import REPLICATED
 
 
@@ -37,6 +43,36 @@ def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
         if optimizer is None:
             break
     return found
+
+
+def captures_under_ddp(accelerator: Accelerator, config: TrainConfig) -> bool:
+    """Whether this run will try to capture its step as a CUDA graph under DDP (NCCL on CUDA)."""
+    return (
+        bool(config.cuda_graph)
+        and accelerator.distributed_type == DistributedType.MULTI_GPU
+        and accelerator.device.type == "cuda"
+    )
+
+
+@contextlib.contextmanager
+def ddp_side_stream(accelerator: Accelerator, config: TrainConfig) -> Iterator[None]:
+    """A side stream to build the DDP wrapper on, where the step will be captured under DDP;
+    elsewhere nothing.
+
+    DDP's reducer takes each parameter's AccumulateGrad node when it is built, and autograd runs
+    those nodes on the stream that was current then: built on the default stream, a captured
+    backward would reach back to it, which a capture cannot record (torch.cuda.graphs docs,
+    "Usage with DistributedDataParallel": construct DDP in a side-stream context).
+    """
+    if not captures_under_ddp(accelerator, config):
+        yield
+        return
+    device = accelerator.device
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        yield
+    torch.cuda.current_stream(device).wait_stream(side)  # the weights it moved and broadcast
 
 
 class DirectStep:

@@ -28,7 +28,7 @@ from .elastic import join_restarted_group
 from .launch_settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch, zero3_init
 from .launcher_watch import watch_launcher
 from .launchers import WITHOUT_DEEPSPEED, env_flag, fp16_on_cpu, process_group_of_one, started_by_deepspeed_launcher
-from .step import direct_steps
+from .step import ddp_side_stream, direct_steps
 from .strategy_checks import (
     FSDP_NEEDS_A_DEVICE,
     check_strategy,
@@ -195,7 +195,8 @@ def prepare(
     # parameters over to the sharded ones, and Accelerate requires both in one call.
     optimizer = build_optimizer(model, config, plugin)
     scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    with ddp_side_stream(accelerator, config):  # DDP's hooks then keep off the default stream
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if accelerator.mixed_precision == "fp8":
         _report_fp8(accelerator, model)
     return model, direct_steps(accelerator, optimizer), scheduler

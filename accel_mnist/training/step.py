@@ -6,11 +6,11 @@ channels-last (issue 21's measurements; benchmarks/README.md has this project's 
 With `cuda_graph`, the forward, backward and optimizer step are recorded once and each step
 then copies its batch into static input buffers and replays them: one launch per step.
 
-Capture needs a CUDA device, one process, one micro-batch per step, no gradient clipping, no
-grad scaler (fp16's scaler reads the gradients' finiteness on the host each step) and a torch
-Adam or AdamW (their `capturable` mode; SGD and Adadelta turn a tensor learning rate into a
-host number, which a graph cannot replay). Anywhere else the eager step runs and `why_eager`
-says why, in one line. What capture changes, and what it costs:
+Capture needs a CUDA device, one process or DDP (not DeepSpeed or FSDP), one micro-batch per
+step, no gradient clipping, no grad scaler (fp16's scaler reads the gradients' finiteness on the
+host each step) and a torch Adam or AdamW (their `capturable` mode; SGD and Adadelta turn a
+tensor learning rate into a host number, which a graph cannot replay). Anywhere else the eager
+step runs and `why_eager` says why, in one line. What capture changes, and what it costs:
 
 * Adam/AdamW run with `capturable=True` and the learning rate as a float32 device tensor that
   the schedule fills in place (torch's LRScheduler does so for tensor learning rates), so the
@@ -27,6 +27,14 @@ says why, in one line. What capture changes, and what it costs:
   keeps each step's loss until it next reads them.
 * Dropout inside a graph draws from the CUDA generator as graphs allow; its masks are not the
   eager run's. The fast recipe's model has no dropout.
+* Under DDP (torch.cuda.graphs docs, "Usage with DistributedDataParallel"; NCCL >= 2.9.6) the
+  graph holds the whole step, DDP's collectives included: the buffer broadcast of its forward
+  and the gradient all-reduce of its backward are replayed each step, into the same bucket
+  tensors. The reducer's host bookkeeping (marking gradients ready, launching buckets) runs
+  once, at capture. DDP is built on a side stream (distributed/step.py, `ddp_side_stream`) and
+  warmed up for 11 iterations, not 3: eight more eager steps in `capture_seconds`. At world
+  size 1 (torchrun --nproc_per_node 1) Accelerate sets up MULTI_GPU but wraps no DDP: the plain
+  module is captured, after the same side stream and warm-up.
 """
 
 from __future__ import annotations
@@ -41,11 +49,11 @@ from accelerate.utils import DistributedType
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed.step import MicroStep, torch_optimizer
+from ..distributed.step import MicroStep, captures_under_ddp, torch_optimizer
 from ..model_output import logits_of
 
-# Eager iterations before capture: torch's docs use 3 (11 under DDP, not captured here).
-WARMUP_ITERATIONS = 3
+# Eager iterations before capture, as torch's docs run them: 3, and at least 11 under DDP.
+WARMUP_ITERATIONS, DDP_WARMUP_ITERATIONS = 3, 11
 
 
 def to_memory_format(model: nn.Module, config: TrainConfig) -> nn.Module:
@@ -102,8 +110,8 @@ def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> 
     """Why this run cannot capture its step (None: it can)."""
     if accelerator.device.type != "cuda":
         return f"the device is {accelerator.device.type}; CUDA graphs need a CUDA GPU"
-    if accelerator.distributed_type != DistributedType.NO or accelerator.num_processes > 1:
-        return f"{accelerator.distributed_type.value} is not captured here (one process only)"
+    if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU):
+        return f"{accelerator.distributed_type.value} is not captured here (one process or DDP only)"
     if accelerator.gradient_accumulation_steps > 1:
         return "gradient accumulation (more than one micro-batch per step) is not captured"
     if config.max_grad_norm is not None:
@@ -139,7 +147,9 @@ def hyperparameters(optimizer: torch.optim.Optimizer) -> list[tuple[Any, ...]]:
 class Snapshot:
     """The model's parameters and buffers and the optimizer's state, to be put back in place
     (the same tensors, so that a graph recorded on them stays valid). State the optimizer
-    creates after the snapshot is zeroed on restore: what a fresh Adam or AdamW starts from."""
+    creates after the snapshot is zeroed on restore: what a fresh Adam or AdamW starts from.
+    A DDP wrapper's parameters and buffers are its module's (it holds none of its own), and its
+    gradient buckets are written anew by every step: there is nothing more to undo."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
@@ -168,8 +178,10 @@ class GraphedStep:
 
     captured = True
 
-    def __init__(self, eager: EagerStep, inner: torch.optim.Optimizer, batch_shape: tuple[int, ...]) -> None:
-        self.eager, self.input_dtype = eager, eager.input_dtype
+    def __init__(
+        self, eager: EagerStep, inner: torch.optim.Optimizer, batch_shape: tuple[int, ...], warmup: int
+    ) -> None:
+        self.eager, self.input_dtype, self.warmup = eager, eager.input_dtype, warmup
         self.inner = inner  # the torch optimizer itself: its step is what is captured
         device = eager.accelerator.device
         make_capturable(self.inner, device)
@@ -197,7 +209,7 @@ class GraphedStep:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(WARMUP_ITERATIONS):
+                for _ in range(self.warmup):
                     inner.zero_grad(set_to_none=True)
                     self._work()
             torch.cuda.current_stream().wait_stream(side)
@@ -259,7 +271,8 @@ def build_step(
     inner = torch_optimizer(optimizer)
     if reason is None and inner is not None:
         try:
-            graphed = GraphedStep(eager, inner, batch_shape)
+            warmup = DDP_WARMUP_ITERATIONS if captures_under_ddp(accelerator, config) else WARMUP_ITERATIONS
+            graphed = GraphedStep(eager, inner, batch_shape, warmup)
         except RuntimeError as e:  # a model or setting that cannot be captured
             from ..errors import one_line
 

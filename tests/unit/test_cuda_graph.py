@@ -10,6 +10,7 @@ import torch
 from accelerate.utils import DistributedType, DynamoBackend
 
 from accel_mnist import TrainConfig
+from accel_mnist.distributed.step import captures_under_ddp, ddp_side_stream
 from accel_mnist.training.step import (
     EagerStep,
     build_step,
@@ -36,8 +37,10 @@ def _adam(params=None):
     "accelerator, config, optimizer, reason",
     [
         (_accelerator("cpu"), {}, _adam(), "the device is cpu; CUDA graphs need a CUDA GPU"),
-        (_accelerator(kind=DistributedType.MULTI_GPU, processes=2), {}, _adam(), "MULTI_GPU is not captured here"),
         (_accelerator(kind=DistributedType.DEEPSPEED), {}, _adam(), "DEEPSPEED is not captured here"),
+        (_accelerator(kind=DistributedType.FSDP, processes=2), {}, _adam(), "FSDP is not captured here"),
+        (_accelerator(kind=DistributedType.MULTI_CPU, processes=2), {}, _adam(), "MULTI_CPU is not captured here"),
+        (_accelerator(kind=DistributedType.MULTI_GPU, processes=2, accum=2), {}, _adam(), "gradient accumulation"),
         (_accelerator(accum=2), {}, _adam(), "gradient accumulation"),
         (_accelerator(), {"max_grad_norm": 1.0}, _adam(), "max_grad_norm: gradient clipping is not captured"),
         (_accelerator(scaler=object()), {}, _adam(), "fp16's grad scaler"),
@@ -49,6 +52,37 @@ def _adam(params=None):
 )  # fmt: skip
 def test_what_cannot_be_captured_is_named(accelerator, config, optimizer, reason):
     assert reason in why_eager(accelerator, TrainConfig(**config), optimizer)  # type: ignore[arg-type,operator]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_ddp_on_cuda_can_be_captured(processes):
+    # torchrun --nproc_per_node 1 gives MULTI_GPU with one process too (Accelerate then wraps no DDP).
+    accelerator = _accelerator(kind=DistributedType.MULTI_GPU, processes=processes)
+    assert why_eager(accelerator, TrainConfig(), _adam()) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "device, kind, cuda_graph, expected",
+    [
+        ("cuda", DistributedType.MULTI_GPU, True, True),
+        ("cuda", DistributedType.MULTI_GPU, False, False),
+        ("cuda", DistributedType.NO, True, False),
+        ("cuda", DistributedType.DEEPSPEED, True, False),
+        ("cuda", DistributedType.FSDP, True, False),
+        ("cpu", DistributedType.MULTI_CPU, True, False),
+    ],
+)
+def test_only_a_ddp_run_on_cuda_asking_for_capture_builds_ddp_on_a_side_stream(device, kind, cuda_graph, expected):
+    accelerator = _accelerator(device, kind=kind, processes=2)
+    assert captures_under_ddp(accelerator, TrainConfig(cuda_graph=cuda_graph)) is expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device, kind", [("cpu", DistributedType.MULTI_CPU), ("cuda", DistributedType.NO)])
+def test_elsewhere_prepare_stays_on_its_stream(device, kind):
+    # No CUDA call at all where the run will not capture under DDP: without a GPU, making a
+    # stream would raise. The side stream itself is checked on a GPU (tests/gpu/test_cuda_graph.py).
+    with ddp_side_stream(_accelerator(device, kind=kind), TrainConfig(cuda_graph=True)):  # type: ignore[arg-type]
+        pass
 
 
 def test_onecycle_without_momentum_cycling_can_be_captured():
