@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
+from benchmarks.benchlib import kernel_profile
+
 
 def variant(model_name: str, batch: int, steps: int, profile_steps: int, graph: bool, channels_last: bool,
             folder: str) -> dict[str, Any]:  # fmt: skip
     """Time and profile one variant's step."""
-    from torch.profiler import ProfilerActivity, profile
-
     from accel_mnist import TrainConfig
     from accel_mnist.distributed.strategy import build_accelerator, prepare
     from accel_mnist.models import build_model
@@ -58,21 +58,11 @@ def variant(model_name: str, batch: int, steps: int, profile_steps: int, graph: 
     end.record()
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / steps
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(profile_steps):
-            one()
-        torch.cuda.synchronize()
-    events = prof.events()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    launches = [e for e in events if e.name in ("cudaLaunchKernel", "cudaGraphLaunch", "cuLaunchKernel",
-                                                "cudaLaunchKernelExC", "cuLaunchKernelEx")]  # fmt: skip
-    gpu_us = sum(e.time_range.elapsed_us() for e in kernels)  # kernels, copies and memsets
+    profiled = kernel_profile(one, profile_steps)
     accelerator.free_memory(model, optimizer, scheduler)
     return {"cuda_graph": graph, "channels_last": channels_last, "step": facts["step"],
             "eager_reason": facts.get("eager_reason"), "capture_seconds": facts["capture_seconds"],
-            "ms_per_step": ms, "gpu_ms_per_step": gpu_us / 1e3 / profile_steps,
-            "kernels_per_step": len(kernels) / profile_steps,
-            "launch_calls_per_step": len(launches) / profile_steps}  # fmt: skip
+            "ms_per_step": ms, **profiled}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,6 +156,9 @@ def run_variant(variant: str, args, loader, device: torch.device) -> tuple[float
     sync(device)
     seconds = (time.perf_counter() - start) / args.steps
     final = float(loss) if loss is not None else float("nan")
+    if args.profile_steps and device.type == "cuda":
+        profiled = benchlib.kernel_profile(lambda: step(*next(it)), args.profile_steps)
+        print(f"{variant} profile: " + json.dumps({k: round(v, 4) for k, v in profiled.items()}), file=sys.stderr)
     return seconds, final
 
 
@@ -166,6 +169,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=900)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N steps under torch.profiler (GPU only): GPU ms, kernels and launches per step",
+    )
     p.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
