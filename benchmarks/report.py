@@ -73,7 +73,9 @@ def key_numbers(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         return "; ".join(filter(None, [text, _steady(ok)]))
     if row["parse"] == "results" and ok:
         train = [r["parsed"]["train_seconds"] for r in ok if "train_seconds" in r["parsed"]]
-        return "; ".join(filter(None, [f"train s {_stats(train)}", _steady(ok)]))
+        rates = [r["parsed"]["steady_samples_per_second"] for r in ok if "steady_samples_per_second" in r["parsed"]]
+        rate = f"samples/s past the first step {_stats(rates)}" if rates else ""
+        return "; ".join(filter(None, [f"train s {_stats(train)}", _steady(ok), rate]))
     if row["name"].endswith("timeline"):
         return _median_phases(runs)
     if row["parse"] == "memory" and ok:
@@ -110,8 +112,10 @@ def _values_by_index(record: dict[str, Any], row: str, key: str) -> dict[int, fl
 
 def ratio_lines(record: dict[str, Any]) -> list[str]:
     """Each ratio the suite names, `(numerator row, denominator row, statistic[, its key, their key])`:
-    of wall seconds unless keys are given; statistic "median", "min", or "pairs" (the median of
-    run-by-run ratios, runs paired by their repeat index, as the runner interleaves them)."""
+    of wall seconds unless keys are given; statistic "median", "min", "pairs" (the median of
+    run-by-run ratios, runs paired by their repeat index, as the runner interleaves them), or
+    "scaling" (the ratio of medians, and that ratio over the ratio of the rows' `processes`: the
+    share of linear scaling)."""
     lines = []
     for num, den, stat, *keys in record.get("ratios", []):
         num_key, den_key = keys or ("wall_seconds", "wall_seconds")
@@ -122,6 +126,12 @@ def ratio_lines(record: dict[str, Any]) -> list[str]:
             if pairs:
                 lines.append(f"* {num} / {den} ({label}, run by run): median **{statistics.median(pairs):.3f}** "
                              f"({min(pairs):.3f}–{max(pairs):.3f}) over {len(pairs)} pairs")  # fmt: skip
+        elif stat == "scaling" and a and b:
+            processes = {row["name"]: row.get("processes", 1) for row in record.get("rows", [])}
+            n = processes.get(num, 1) / processes.get(den, 1)
+            x, y = statistics.median(a.values()), statistics.median(b.values())
+            lines.append(f"* {num} / {den} (median {label}): {x:.4g} / {y:.4g} = **{x / y:.2f}x** on {n:g}x "
+                         f"the processes: **{x / y / n:.0%}** of linear")  # fmt: skip
         elif a and b:
             f = statistics.median if stat == "median" else min
             x, y = f(a.values()), f(b.values())

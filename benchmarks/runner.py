@@ -70,7 +70,15 @@ def parse_results(stdout: str, run_dir: Path, row: Row) -> dict[str, Any]:
     if not path.is_file():
         return {}
     results = json.loads(path.read_text())
-    keep = ("test_accuracy", "train_seconds", "wall_seconds", "steps", "samples_per_second", "warmup_seconds")
+    keep = (
+        "test_accuracy",
+        "train_seconds",
+        "wall_seconds",
+        "steps",
+        "samples_per_second",
+        "warmup_seconds",
+        "steady_samples_per_second",
+    )
     return {k: results[k] for k in keep if k in results}
 
 
@@ -148,13 +156,15 @@ def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, time
 def skip_reason(row: Row, suite: dict[str, Any], recipe: str | None) -> str | None:
     """Why the row cannot run here (None: it can)."""
     needs = {suite.get("needs"), row.get("needs")}
-    if needs & {"cuda", "cuda2"}:
+    # "cuda": a GPU; "cudaN": N GPUs or more on this machine.
+    gpus = [int(need[4:] or 1) for need in needs if isinstance(need, str) and re.fullmatch(r"cuda\d*", need)]
+    if gpus:
         import torch
 
         if not torch.cuda.is_available():
             return "needs a CUDA GPU"
-        if "cuda2" in needs and torch.cuda.device_count() < 2:
-            return "needs 2 CUDA GPUs"
+        if torch.cuda.device_count() < max(gpus):
+            return f"needs {max(gpus)} CUDA GPUs"
     if "recipe" in needs and not recipe:
         return "needs --recipe"
     return None

@@ -294,6 +294,49 @@ MEMORY_H200X2: list[Row] = [
     for name, config in (("ddp", "multi_gpu"), ("zero1", "zero1"), ("zero2", "zero2"), ("zero3", "zero3"))
 ]  # fmt: skip
 
+# Scaling from 1 to N processes: DDP and ZeRO-2, weak scaling (the batch per process stays, so N
+# processes train N times the samples a step), read as samples per second past each process's
+# first step (results.json; the clock pauses for evaluation). Two workloads: the fast recipe's
+# model and batch (bncnn, 512 a process) and a large batch (4096 a process), a fixed number of
+# steps each. A row of N processes needs N GPUs ("cudaN"): on a machine of two, the rows of four
+# and eight are skipped with that reason. The CPU suite runs the same rows at 1 and 2 processes
+# of one thread each, to keep the suite working where no multi-GPU machine is lent.
+SCALE_TRAIN = ["-m", "accel_mnist", "train", "--config", "recipes/fast99.yaml", "--stop-at-accuracy", "none",
+               "--epochs", "1000", "--eval-every", "0", "--data-dir", "{data}", "--output-dir", "{run}",
+               "--overwrite", "--quiet", "--no-export", "--no-save-checkpoints"]  # fmt: skip
+SCALE_STRATEGIES = (("ddp", "DDP"), ("zero2", "ZeRO-2"))
+
+
+def _scaling_rows(ddp_config: str, counts: tuple[int, ...], precision: str, workloads: dict[str, list[str]],
+                  budget: float) -> list[Row]:  # fmt: skip
+    on_cpu = precision == "no"
+    rows = []
+    for strategy, label in SCALE_STRATEGIES:
+        config = ddp_config if strategy == "ddp" else "zero2"
+        for workload, args in workloads.items():
+            rows += [{"name": f"{strategy}_{workload}_{n}", "group": f"scaling_{strategy}_{workload}",
+                      "what": f"{label}, --mixed_precision {precision}, {' '.join(args)}, {n} process(es)",
+                      "cmd": [*_launch(config, n, "--mixed_precision", precision), *SCALE_TRAIN, *args],
+                      "parse": "results", "processes": n, "repeat": 2, "budget": budget,
+                      **({"env": CPU_ENV} if on_cpu else {"needs": f"cuda{n}"})}
+                     for n in counts]  # fmt: skip
+    return rows
+
+
+def _scaling_ratios(rows: list[Row]) -> list[tuple[str, ...]]:
+    """Each row of N > 1 processes against its group's row of one."""
+    ones = {row["group"]: row["name"] for row in rows if row["processes"] == 1}
+    key = "steady_samples_per_second"
+    return [(row["name"], ones[row["group"]], "scaling", key, key) for row in rows if row["processes"] > 1]
+
+
+SCALING_H200 = _scaling_rows("multi_gpu", (1, 2, 4, 8), "bf16",
+                             {"recipe": ["--max-steps", "175"], "large": ["--batch-size", "4096", "--max-steps", "60"]},
+                             budget=70)  # fmt: skip
+SCALING_CPU = _scaling_rows("multi_cpu", (1, 2), "no",
+                            {"recipe": ["--max-steps", "8"], "large": ["--batch-size", "2048", "--max-steps", "4"]},
+                            budget=240)  # fmt: skip
+
 SUITES: dict[str, dict[str, Any]] = {
     "cpu": {
         "rows": CPU,
@@ -329,6 +372,8 @@ SUITES: dict[str, dict[str, Any]] = {
         "ratios": [("seed_zero2_pair", "zero_step_pair", "pairs", "steady_ms", "ms_per_step.zero2")],
         "plot": ["recipe_graph", "recipe_graph_plain"],
     },
+    "scaling_h200": {"rows": SCALING_H200, "needs": "cuda", "ratios": _scaling_ratios(SCALING_H200), "plot": None},
+    "scaling_cpu": {"rows": SCALING_CPU, "ratios": _scaling_ratios(SCALING_CPU), "plot": None},
     "memory_cpu": {"rows": MEMORY_CPU, "plot": None},
     "memory_h200": {"rows": MEMORY_H200, "needs": "cuda", "plot": None},
     "memory_h200x2": {"rows": MEMORY_H200X2, "needs": "cuda", "plot": None},

@@ -337,3 +337,44 @@ def test_a_call_of_one_row_takes_over_that_row_only(tmp_path):
         "| floor (cpu-a-2026-12-01) | 1/1 | 4 |" in startup and "| one_step (cpu-c-2026-12-03) | 1/1 | 7.5 |" in startup
     )
     assert "one_step / floor" not in startup  # a ratio only within one call
+
+
+def test_a_scaling_ratio_states_the_share_of_linear():
+    rows = [{"name": "d1", "processes": 1}, {"name": "d2", "processes": 2}, {"name": "d4", "processes": 4}]
+    runs = [{"row": row, "index": i, "rc": 0, "wall_seconds": 1.0, "parsed": {"rate": rate}}
+            for row, i, rate in (("d1", 0, 100.0), ("d1", 1, 120.0), ("d2", 0, 200.0), ("d2", 1, 196.0),
+                                 ("d4", 0, 330.0))]  # fmt: skip
+    key = ("rate", "rate")
+    record = {"rows": rows, "runs": runs, "ratios": [("d2", "d1", "scaling", *key), ("d4", "d1", "scaling", *key)]}
+    assert report.ratio_lines(record) == [
+        "* d2 / d1 (median rate / rate): 198 / 110 = **1.80x** on 2x the processes: **90%** of linear",
+        "* d4 / d1 (median rate / rate): 330 / 110 = **3.00x** on 4x the processes: **75%** of linear",
+    ]
+
+
+def test_scaling_suites_compare_each_count_with_one_process_of_its_group():
+    for name, counts in (("scaling_h200", {1, 2, 4, 8}), ("scaling_cpu", {1, 2})):
+        suite = SUITES[name]
+        groups: dict[str, set[int]] = {}
+        for row in suite["rows"]:
+            groups.setdefault(row["group"], set()).add(row["processes"])
+            assert row["cmd"][row["cmd"].index("--num_processes") + 1] == str(row["processes"])
+        assert len(groups) == 4 and all(found == counts for found in groups.values()), groups
+        assert len(suite["ratios"]) == 4 * (len(counts) - 1)
+        by_name = {row["name"]: row for row in suite["rows"]}
+        for num, den, stat, *_ in suite["ratios"]:
+            assert stat == "scaling" and by_name[den]["processes"] == 1
+            assert by_name[num]["group"] == by_name[den]["group"]
+
+
+def test_a_row_of_n_gpus_is_skipped_on_a_machine_of_fewer(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    suite = {"needs": "cuda"}
+    assert runner.skip_reason({"needs": "cuda2"}, suite, None) is None
+    assert runner.skip_reason({"needs": "cuda4"}, suite, None) == "needs 4 CUDA GPUs"
+    assert runner.skip_reason({}, suite, None) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runner.skip_reason({"needs": "cuda2"}, {}, None) == "needs a CUDA GPU"
