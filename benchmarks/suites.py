@@ -308,8 +308,7 @@ SCALE_STRATEGIES = (("ddp", "DDP"), ("zero2", "ZeRO-2"))
 
 
 def _scaling_rows(ddp_config: str, counts: tuple[int, ...], precision: str, workloads: dict[str, list[str]],
-                  budget: float) -> list[Row]:  # fmt: skip
-    on_cpu = precision == "no"
+                  budget: float, on_gpus: bool) -> list[Row]:  # fmt: skip
     rows = []
     for strategy, label in SCALE_STRATEGIES:
         config = ddp_config if strategy == "ddp" else "zero2"
@@ -318,7 +317,7 @@ def _scaling_rows(ddp_config: str, counts: tuple[int, ...], precision: str, work
                       "what": f"{label}, --mixed_precision {precision}, {' '.join(args)}, {n} process(es)",
                       "cmd": [*_launch(config, n, "--mixed_precision", precision), *SCALE_TRAIN, *args],
                       "parse": "results", "processes": n, "repeat": 2, "budget": budget,
-                      **({"env": CPU_ENV} if on_cpu else {"needs": f"cuda{n}"})}
+                      **({"needs": f"cuda{n}"} if on_gpus else {"env": CPU_ENV})}
                      for n in counts]  # fmt: skip
     return rows
 
@@ -332,10 +331,10 @@ def _scaling_ratios(rows: list[Row]) -> list[tuple[str, ...]]:
 
 SCALING_H200 = _scaling_rows("multi_gpu", (1, 2, 4, 8), "bf16",
                              {"recipe": ["--max-steps", "175"], "large": ["--batch-size", "4096", "--max-steps", "60"]},
-                             budget=70)  # fmt: skip
+                             budget=70, on_gpus=True)  # fmt: skip
 SCALING_CPU = _scaling_rows("multi_cpu", (1, 2), "no",
                             {"recipe": ["--max-steps", "8"], "large": ["--batch-size", "2048", "--max-steps", "4"]},
-                            budget=240)  # fmt: skip
+                            budget=240, on_gpus=False)  # fmt: skip
 
 SUITES: dict[str, dict[str, Any]] = {
     "cpu": {
