@@ -68,7 +68,7 @@ def test_prewarm_runs_under_the_launchs_mixed_precision(mnist_dir, tmp_path):
     assert [autocast for grad, autocast in out["seen"] if grad] == [True, True], out["seen"]
 
 
-def test_deepspeed_prewarm_steps_a_throwaway_engine_and_changes_no_weight(tmp_path):
+def test_deepspeed_prewarm_steps_a_throwaway_engine_and_changes_no_weight(mnist_dir, tmp_path):
     # ZeRO-2 on CPU (fp32): the throwaway engine's setup and step are collectives and kernels of
     # the run's own engine kind; the run's weights must come out bit for bit the same.
     launch = ["--config_file", str(REPO / "accelerate_configs" / "zero2.yaml"), "--num_processes", "1",
