@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def mnist_dir() -> Path:
     """The real MNIST IDX files (../shared/data/mnist from the repo root); skips when absent."""
-    if not (helpers.MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not helpers.real_mnist_present():
         pytest.skip(f"real MNIST files not found at {helpers.MNIST_DIR}")
     return helpers.MNIST_DIR
 

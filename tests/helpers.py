@@ -34,6 +34,13 @@ CONFIGS = REPO / "accelerate_configs"
 # GPU machine, where the checkout travels without ../shared).
 MNIST_DIR = Path(os.environ.get("ACCEL_MNIST_DATA_DIR") or REPO.parent / "shared" / "data" / "mnist")
 
+
+def real_mnist_present() -> bool:
+    """Whether the real MNIST files are at MNIST_DIR: the folder alone is not enough (a run that
+    tried to download into it leaves it empty)."""
+    return (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file()
+
+
 # metrics.jsonl keys that measure time (and the memory peak, which moves alike from run to run):
 # left out wherever two runs' metrics are compared.
 TIMING_KEYS = frozenset(

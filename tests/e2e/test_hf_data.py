@@ -11,7 +11,7 @@ import torch
 from accel_mnist import TrainConfig, train
 from accel_mnist.data.catalog import load_split
 from accel_mnist.data.hf import pixel_mean_std
-from tests.helpers import MNIST_DIR
+from tests.helpers import MNIST_DIR, real_mnist_present
 
 datasets = pytest.importorskip("datasets")
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image  # noqa: E402
@@ -21,7 +21,7 @@ IMAGE_FEATURES = Features({"image": Image(), "label": ClassLabel(num_classes=10)
 
 
 def _need_mnist():
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
 
 

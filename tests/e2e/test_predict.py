@@ -17,7 +17,16 @@ from accel_mnist.data.catalog import load_split
 from accel_mnist.distributed.strategy import build_accelerator
 from accel_mnist.export.model_dir import load_model
 from accel_mnist.export.predict import evaluate_exported, predict_files
-from tests.helpers import MNIST_DIR, REPO, assert_summary, digit_picture, gzip_bomb, run_accel_mnist, train_and_export
+from tests.helpers import (
+    MNIST_DIR,
+    REPO,
+    assert_summary,
+    digit_picture,
+    gzip_bomb,
+    real_mnist_present,
+    run_accel_mnist,
+    train_and_export,
+)
 
 MEAN, STD = 0.1307, 0.3081
 
@@ -25,7 +34,7 @@ MEAN, STD = 0.1307, 0.3081
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """(export dir, training results) of a linear model trained for 200 steps on the real files."""
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     return train_and_export(tmp_path_factory.mktemp("predict"))
 

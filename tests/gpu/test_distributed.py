@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers import CONFIGS, MNIST_DIR, PARITY_TRAIN_ARGS, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, PARITY_TRAIN_ARGS, accelerate_launch, real_mnist_present
 
 # FSDP runs only on GPUs (accelerate 1.15 never sets it up on a CPU; see tests/unit/test_fsdp.py), so
 # its parity is checked here: the same arguments, fp32, against DDP and ZeRO-3 on the same GPUs.
@@ -31,7 +31,7 @@ def test_fsdp_matches_ddp_and_zero3_on_gpus(processes, tmp_path):
 
     if not is_cuda_available() or torch.cuda.device_count() < processes:
         pytest.skip(f"needs {processes} CUDA GPU(s)")
-    if not MNIST_DIR.is_dir():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     rows = {}
     for name, launch_args in GPU_STRATEGIES.items():

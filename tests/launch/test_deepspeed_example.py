@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from accel_mnist.distributed.launchers import free_port
-from tests.helpers import MNIST_DIR, REPO, console_script
+from tests.helpers import MNIST_DIR, REPO, console_script, real_mnist_present
 
 SCRIPT = REPO / "examples" / "deepspeed" / "train.sh"
 
 
 @pytest.fixture
 def need_mnist():
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
 
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.helpers import CONFIGS, MNIST_DIR, PARITY_TRAIN_ARGS, TIMING_KEYS, accelerate_launch
+from tests.helpers import CONFIGS, PARITY_TRAIN_ARGS, TIMING_KEYS, accelerate_launch, real_mnist_present
 
 pytestmark = pytest.mark.slow
 STRATEGIES = {
@@ -24,7 +24,7 @@ STRATEGIES = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, request):
-    if not MNIST_DIR.is_dir():
+    if not real_mnist_present():
         pytest.skip("real MNIST files not found at ../shared/data/mnist")
     out = {}
     for name, launch_args in STRATEGIES.items():

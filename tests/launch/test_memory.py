@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.helpers import CONFIGS, MNIST_DIR, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, accelerate_launch, real_mnist_present
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ HALVED = {"zero1": ("optimizer_state_bytes",), "zero2": ("optimizer_state_bytes"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    if not MNIST_DIR.is_dir():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     out = {}
     for processes in (1, 2):

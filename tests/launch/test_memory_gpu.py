@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import CONFIGS, MNIST_DIR, accelerate_launch
+from tests.helpers import CONFIGS, MNIST_DIR, accelerate_launch, real_mnist_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -21,7 +21,7 @@ def _gpus(count: int) -> None:
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < count:
         pytest.skip(f"needs {count} CUDA GPU(s)")
-    if not MNIST_DIR.is_dir():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
 
 

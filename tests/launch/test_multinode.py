@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CONFIGS, MNIST_DIR, MULTINODE, REPO, accelerate_launch, free_port, machine_args
+from tests.helpers import (
+    CONFIGS,
+    MNIST_DIR,
+    MULTINODE,
+    REPO,
+    accelerate_launch,
+    free_port,
+    machine_args,
+    real_mnist_present,
+)
 
 TRAIN_ARGS = ["--model", "linear", "--batch-size", "32", "--max-steps", "20", "--eval-every", "10",
               "--eval-batch-size", "2500", "--no-download"]  # fmt: skip
@@ -60,7 +69,7 @@ def read_rows(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     run_dir = tmp_path_factory.mktemp("one_machine")
     proc, results = accelerate_launch(SINGLE_MACHINE, TRAIN_ARGS, run_dir, timeout=300)

@@ -20,7 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 from accel_mnist.distributed.launchers import free_port
-from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch, console_script
+from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch, console_script, real_mnist_present
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     out = {}
     for name, launch_args in ACCELERATE.items():
@@ -155,7 +155,7 @@ QUICK = ["--model", "linear", "--max-steps", "10", "--eval-every", "0", "--no-do
 
 def test_deepspeed_launcher_without_a_json_is_ddp_and_says_so(tmp_path):
     """Two CPU processes from DeepSpeed's launcher (a one-host hostfile; --no_ssh starts them here)."""
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
@@ -190,7 +190,7 @@ def test_seed_json_under_torchrun_and_python_m_on_one_gpu(tmp_path):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     seed = str(REPO / "examples" / "deepspeed" / "ds_config.json")
     args = ["--model", "linear", "--lr", "3e-4", "--max-steps", "300", "--eval-every", "150", "--no-download",

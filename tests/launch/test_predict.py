@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import CONFIGS, MNIST_DIR, assert_summary, run_accel_mnist, train_and_export
+from tests.helpers import CONFIGS, MNIST_DIR, assert_summary, real_mnist_present, run_accel_mnist, train_and_export
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """(export dir, training results) of a linear model trained for 200 steps on the real files."""
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     return train_and_export(tmp_path_factory.mktemp("predict"))
 

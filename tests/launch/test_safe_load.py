@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from accel_mnist.run import checkpoint as ckpt
-from tests.helpers import CONFIGS, MNIST_DIR, error_lines, plant, run_accel_mnist, snapshot
+from tests.helpers import CONFIGS, MNIST_DIR, error_lines, plant, real_mnist_present, run_accel_mnist, snapshot
 
 ZERO2 = ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"]
 TRAIN_ARGS = ["--model", "mlp", "--max-steps", "8", "--checkpoint-every", "4", "--eval-every", "0",
@@ -27,7 +27,7 @@ def cli(out: Path, *extra: str, launch: list[str]):
 
 @pytest.fixture(scope="module")
 def zero2_run(tmp_path_factory) -> Path:
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     out = tmp_path_factory.mktemp("zero2") / "run"
     proc = cli(out, launch=ZERO2)

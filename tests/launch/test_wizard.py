@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.helpers import CONFIGS, DOWN, ENTER, MNIST_DIR, accelerate_launch, run_wizard
+from tests.helpers import CONFIGS, DOWN, ENTER, MNIST_DIR, accelerate_launch, real_mnist_present, run_wizard
 
 pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ TRAIN_ARGS = ["--model", "linear", "--max-steps", "20", "--no-download"]
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_wizard_config_trains(name, tmp_path):
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+    if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     config_file = tmp_path / f"{name}.yaml"
     run_wizard(SCENARIOS[name], config_file)
