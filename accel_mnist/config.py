@@ -4,6 +4,9 @@ The parallel strategy (DDP, ZeRO stage, offload, mixed precision) is deliberatel
 it comes from the accelerate config, or from the DeepSpeed JSON that `deepspeed_config` names
 (the one way to ask for DeepSpeed under DeepSpeed's own launcher, torchrun, `python -m` or a
 notebook), so the same TrainConfig runs everywhere.
+
+A field whose metadata holds `cells` changes how the step or the model runs: the option matrix
+(distributed/matrix.py) tries each of those values under every strategy and precision.
 """
 
 from __future__ import annotations
@@ -30,9 +33,16 @@ TRACKERS = ("none", "tensorboard", "wandb", "mlflow", "all")
 class TrainConfig:
     """Everything a training run needs except the parallel strategy."""
 
-    model: str = field(default="cnn", metadata={"help": "linear, mlp, cnn, lenet5 or bncnn"})
+    model: str = field(
+        default="cnn",
+        metadata={"cells": ("linear", "mlp", "lenet5", "bncnn"), "help": "linear, mlp, cnn, lenet5 or bncnn"},
+    )
     mlp_hidden: str | None = field(
-        default=None, metadata={"help": "mlp only: the hidden layers' widths, e.g. 4096,4096,4096 (none: 512,256)"}
+        default=None,
+        metadata={
+            "cells": ({"model": "mlp", "mlp_hidden": "64,32"},),
+            "help": "mlp only: the hidden layers' widths, e.g. 4096,4096,4096 (none: 512,256)",
+        },
     )
     dataset: str = field(
         default="mnist", metadata={"help": "mnist, fashion_mnist, kmnist, or hf:NAME_OR_PATH (Hugging Face datasets)"}
@@ -48,26 +58,32 @@ class TrainConfig:
     batch_size: int = field(default=64, metadata={"help": "training batch size per process"})
     eval_batch_size: int = field(default=1000, metadata={"help": "evaluation batch size per process"})
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    optimizer: str = field(default="adam", metadata={"help": ", ".join(OPTIMIZERS)})
+    optimizer: str = field(
+        default="adam", metadata={"cells": ("adamw", "sgd", "adadelta"), "help": ", ".join(OPTIMIZERS)}
+    )
     momentum: float = field(default=0.9, metadata={"help": "momentum for sgd"})
     weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
-    scheduler: str = field(default="none", metadata={"help": ", ".join(SCHEDULERS)})
+    scheduler: str = field(
+        default="none", metadata={"cells": ("onecycle", "cosine", "step"), "help": ", ".join(SCHEDULERS)}
+    )
     cycle_momentum: bool = field(
         default=True,
         metadata={
+            "cells": ({"scheduler": "onecycle", "cycle_momentum": False},),
             "help": "onecycle: also cycle Adam's beta1 (SGD's momentum) against the learning rate, as torch's "
-            "OneCycleLR does; cuda_graph needs false (a captured step keeps the beta1 it was captured with)"
+            "OneCycleLR does; cuda_graph needs false (a captured step keeps the beta1 it was captured with)",
         },
     )
     step_gamma: float = field(default=0.7, metadata={"help": "lr factor per epoch for 'step'"})
     grad_accum: int | None = field(
         default=None,
         metadata={
-            "help": "micro-batches per optimizer step (unset: the launcher's --gradient_accumulation_steps, else 1)"
+            "cells": (2,),
+            "help": "micro-batches per optimizer step (unset: the launcher's --gradient_accumulation_steps, else 1)",
         },
     )
     max_grad_norm: float | None = field(
-        default=None, metadata={"help": "clip gradients to this norm (none: no clipping)"}
+        default=None, metadata={"cells": (1.0,), "help": "clip gradients to this norm (none: no clipping)"}
     )
     deepspeed_config: str | None = field(
         default=None,
@@ -82,40 +98,54 @@ class TrainConfig:
     )
     eval_every: int = field(default=0, metadata={"help": "evaluate every N optimizer steps (0: at each epoch end)"})
     log_every: int = field(default=50, metadata={"help": "progress-bar refresh, in optimizer steps"})
-    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
+    num_workers: int = field(
+        default=0,
+        metadata={"cells": ({"data_loader": "torch", "num_workers": 1},), "help": "DataLoader worker processes"},
+    )
     output_dir: str = field(default="outputs/run", metadata={"help": "where results are written"})
     overwrite: bool = field(default=False, metadata={"help": "replace the results of a finished run in output_dir"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
     report_to: str = field(
-        default="none", metadata={"help": "experiment tracker: tensorboard, wandb, mlflow, all or none"}
+        default="none",
+        metadata={"cells": ("tensorboard",), "help": "experiment tracker: tensorboard, wandb, mlflow, all or none"},
     )
     data_loader: str = field(
-        default="auto", metadata={"help": "auto (whole dataset on the device), device, or torch (DataLoader)"}
+        default="auto",
+        metadata={
+            "cells": ("device", "torch"),
+            "help": "auto (whole dataset on the device), device, or torch (DataLoader)",
+        },
     )
     cudnn_benchmark: bool = field(
         default=False,
         metadata={
-            "help": "let cuDNN time and pick convolution algorithms (GPU; slower for short runs, see benchmarks)"
+            "cells": (True,),
+            "help": "let cuDNN time and pick convolution algorithms (GPU; slower for short runs, see benchmarks)",
         },
     )
     channels_last: bool = field(
         default=False,
-        metadata={"help": "convolution weights and inputs in channels-last memory format (faster cuDNN kernels)"},
+        metadata={
+            "cells": (True,),
+            "help": "convolution weights and inputs in channels-last memory format (faster cuDNN kernels)",
+        },
     )
     cuda_graph: bool = field(
         default=False,
         metadata={
+            "cells": (True,),
             "help": "capture the training step once as a CUDA graph and replay it (one GPU process or DDP, "
-            "Adam or AdamW, no clipping, no fp16; elsewhere the eager step runs and a line says why)"
+            "Adam or AdamW, no clipping, no fp16; elsewhere the eager step runs and a line says why)",
         },
     )
     prewarm: bool = field(
         default=False,
         metadata={
+            "cells": (True,),
             "help": "before the training clock starts, run one untimed step on a copy of the model "
             "(GPU kernel loading; under DeepSpeed also on a throwaway engine; reported as prewarm_seconds, the weights "
-            "are unchanged)"
+            "are unchanged)",
         },
     )
     checkpoint_every: int = field(

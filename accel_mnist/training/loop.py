@@ -16,6 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
+from ..distributed.option_rules import eager_line
 from ..distributed.strategy import build_accelerator
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
@@ -227,7 +228,7 @@ class TrainingRun(RunParts):
             self.metrics,
             self.confusion_matrix,
             steps_per_epoch=self.steps_per_epoch,
-            facts={**self.facts, **self.step.facts, "memory": self.memory.results()},
+            facts={**self.facts, **self.step.facts, "changes": self.changes(), "memory": self.memory.results()},
             wall_seconds=time.perf_counter() - start,
         )
         self.run_dir.write_results(results)
@@ -239,6 +240,11 @@ class TrainingRun(RunParts):
         accelerator.wait_for_everyone()
         self.release()
         return results
+
+    def changes(self) -> list[str]:
+        """Each way the run differs from what its config asked, in the words it printed."""
+        reason = self.step.facts.get("eager_reason")
+        return [*self.facts["changes"], *([eager_line(reason)] if reason else [])]
 
     def release(self) -> None:
         """Free the prepared objects before end_training: a gloo worker still holding its DDP

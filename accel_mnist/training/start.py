@@ -16,6 +16,7 @@ from ..config import TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.memory import MemoryWatch, trainable_numels
+from ..distributed.option_rules import Setup, channels_last_change, tell_change
 from ..distributed.strategy import check_model, prepare, strategy_fields
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
@@ -71,7 +72,8 @@ def start_run(
         run_data = load_run_data(config, own)
     set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
     model_name = config.model if model is None else type(model).__name__
-    model = to_memory_format(model_for(accelerator, config, model, run_data), config)
+    setup = Setup.of(accelerator)
+    model = to_memory_format(model_for(accelerator, config, model, run_data), config, setup)
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
@@ -101,7 +103,10 @@ def start_run(
         "data_loader": data.kind,
         "prewarm_seconds": 0.0,
         "versions": versions(),
+        "changes": [],  # what runs otherwise than the config asked, each said in one line
     }
+    if config.channels_last and (line := channels_last_change(setup)):
+        tell_change(accelerator, facts["changes"], line)
     if config.prewarm:
         rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
         per_process = len(run_data.train) // accelerator.num_processes

@@ -45,10 +45,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
 from torch import nn
 
 from ..config import TrainConfig
+from ..distributed.option_rules import Setup, capture_refusal, channels_last_change, eager_line
 from ..distributed.step import MicroStep, captures_under_ddp, torch_optimizer
 from ..model_output import logits_of
 
@@ -56,9 +56,12 @@ from ..model_output import logits_of
 WARMUP_ITERATIONS, DDP_WARMUP_ITERATIONS = 3, 11
 
 
-def to_memory_format(model: nn.Module, config: TrainConfig) -> nn.Module:
-    """The model in channels-last where `config.channels_last` asks (4-D weights only; others as they are)."""
-    return model.to(memory_format=torch.channels_last) if config.channels_last else model
+def to_memory_format(model: nn.Module, config: TrainConfig, setup: Setup | None = None) -> nn.Module:
+    """The model in channels-last where `config.channels_last` asks (4-D weights only; others as they are),
+    unless the strategy of `setup` keeps parameters contiguous (option_rules.channels_last_change)."""
+    if not config.channels_last or (setup is not None and channels_last_change(setup)):
+        return model
+    return model.to(memory_format=torch.channels_last)
 
 
 def step_input(inputs: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -107,32 +110,15 @@ class EagerStep:
 
 
 def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> str | None:
-    """Why this run cannot capture its step (None: it can)."""
-    if accelerator.device.type != "cuda":
-        return f"the device is {accelerator.device.type}; CUDA graphs need a CUDA GPU"
-    if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU):
-        return f"{accelerator.distributed_type.value} is not captured here (one process or DDP only)"
-    if accelerator.gradient_accumulation_steps > 1:
-        return "gradient accumulation (more than one micro-batch per step) is not captured"
-    if config.max_grad_norm is not None:
-        return "max_grad_norm: gradient clipping is not captured"
-    if accelerator.scaler is not None:
-        return "fp16's grad scaler checks the gradients on the host each step; use bf16 or no mixed precision"
-    if accelerator.mixed_precision == "fp8":
-        return "fp8 layers are not captured here"
-    backend = str(accelerator.state.dynamo_plugin.backend.value).lower()
-    if backend != "no":
-        return f"torch.compile (dynamo_backend {backend}) is not captured here (its reduce-overhead mode captures)"
+    """Why this run cannot capture its step (None: it can); the rule is option_rules.capture_refusal."""
     inner = torch_optimizer(optimizer)
-    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
-        name = type(inner if inner is not None else optimizer).__name__
-        return f"optimizer {name}: only torch's Adam and AdamW step from a device learning rate"
-    if config.scheduler == "onecycle" and config.cycle_momentum:
-        return (
-            "onecycle's cycle_momentum sets Adam's beta1 anew every step, and a captured step would keep the "
-            "first one; set cycle_momentum: false to capture"
-        )
-    return None
+    return capture_refusal(Setup.of(accelerator), config, optimizer_name(inner if inner is not None else optimizer))
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """torch's optimizers by their class name (the ones capture takes among them); others by their full name."""
+    cls = type(optimizer)
+    return cls.__name__ if cls.__module__.startswith("torch.optim") else f"{cls.__module__}.{cls.__name__}"
 
 
 def hyperparameters(optimizer: torch.optim.Optimizer) -> list[tuple[Any, ...]]:
@@ -281,6 +267,6 @@ def build_step(
         else:
             accelerator.print(f"cuda_graph: the step is captured ({graphed.capture_seconds:.2f} s)")
             return graphed
-    accelerator.print(f"cuda_graph: eager step: {reason}")
     eager.facts["eager_reason"] = reason
+    accelerator.print(eager_line(reason))
     return eager

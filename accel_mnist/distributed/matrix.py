@@ -1,0 +1,205 @@
+"""The option matrix: every training option that changes how the step or the model runs, under
+every strategy a launch can ask for and each precision that strategy takes.
+
+Nothing here is listed by hand cell by cell. The options are the TrainConfig fields whose
+metadata holds `cells` (config.py), plus three ways of running that are not fields (your own
+model, your own data, a resume). The strategies are the shipped accelerate configs (each YAML
+in accelerate_configs/, read as `accelerate launch` reads it), DeepSpeed JSONs named by
+`--deepspeed_config` with and without an optimizer of their own, and torch.compile through
+dynamo. Each cell's expected outcome comes from the rules the runtime applies (option_rules.py
+and the launch checks): it trains as asked, trains with one line saying what was changed, or
+stops before any output with one `error:` line. tests/launch/test_matrix.py and
+tests/gpu/test_matrix.py run the cells and compare; `python -m accel_mnist.distributed.matrix`
+prints the table docs/strategies.md holds.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..config import TrainConfig
+from .launchers import fp16_on_cpu
+from .option_rules import Setup, capture_refusal, channels_last_change, eager_line
+from .strategy_checks import FSDP_NEEDS_A_DEVICE
+
+# Ways of running that are not TrainConfig fields: train(config, model=...), train(config,
+# train_data=..., test_data=...), and a run stopped after its first step and resumed.
+EXTRA_CELLS = ("own_model", "own_data", "resume")
+PRECISIONS = ("no", "bf16", "fp16")
+# dynamo's backend per device: inductor compiles C++ for the CPU for minutes on 2 cores; "eager"
+# runs dynamo's tracing and graph breaks (what decides whether a model compiles) without codegen.
+DYNAMO_BACKEND = {"cpu": "eager", "cuda": "inductor"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One option's value (with the settings it needs), or one of EXTRA_CELLS."""
+
+    name: str
+    settings: tuple[tuple[str, Any], ...] = ()
+
+    def config(self, **base: Any) -> TrainConfig:
+        """The TrainConfig of this cell over `base`."""
+        return TrainConfig(**{**base, **dict(self.settings)})
+
+
+def option_cells() -> list[Cell]:
+    """The defaults, then every `cells` value of every TrainConfig field, then EXTRA_CELLS."""
+    cells = [Cell("defaults")]
+    for f in fields(TrainConfig):
+        for value in f.metadata.get("cells", ()):
+            settings = value if isinstance(value, dict) else {f.name: value}
+            label = ",".join(f"{k}={v}" for k, v in settings.items())
+            cells.append(Cell(label, tuple(settings.items())))
+    return cells + [Cell(name) for name in EXTRA_CELLS]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A strategy as a launch asks for it: the accelerate config (or JSON) and what it sets up."""
+
+    name: str
+    kind: str  # Accelerate's DistributedType name
+    launch: tuple[str, ...]  # the `accelerate launch` arguments, or ("python",) plus train's own flags
+    train_args: tuple[str, ...] = ()
+    zero_stage: int = 0
+    fsdp_version: int = 0
+    dynamo: str = "no"
+    own_optimizer: bool = False  # a DeepSpeed JSON with its own optimizer section
+    cpu_only: bool = False  # use_cpu: the config trains on the CPU even beside a GPU
+    notes: tuple[str, ...] = field(default=())
+
+    def runs_on(self, device: str) -> bool:
+        """Whether this strategy is one that runs on `device` ("cpu" or "cuda") at all."""
+        gpu_only = self.kind in ("FSDP", "MULTI_GPU") and not self.cpu_only or self.name == "single_gpu"
+        return not (device == "cpu" and gpu_only) and not (device == "cuda" and self.cpu_only)
+
+
+def _yaml_strategy(name: str, path: str, raw: dict[str, Any]) -> Strategy | None:
+    kind = str(raw.get("distributed_type", "NO"))
+    launch = ("--config_file", path)
+    if int(raw.get("num_machines", 1)) > 1:
+        launch += ("--num_machines", "1")  # a multi-machine config, run on one machine
+    if kind == "DEEPSPEED":
+        ds = raw.get("deepspeed_config", {})
+        json_path = ds.get("deepspeed_config_file")
+        own = False
+        stage = int(ds.get("zero_stage", 0))
+        if json_path:
+            data = _json(json_path)
+            stage, own = int(data.get("zero_optimization", {}).get("stage", 0)), "optimizer" in data
+        return Strategy(name, kind, launch, zero_stage=stage, own_optimizer=own)
+    if kind == "FSDP":
+        version = int(raw.get("fsdp_config", {}).get("fsdp_version", 1))
+        return Strategy(name, kind, launch, fsdp_version=version)
+    return Strategy(name, kind, launch, cpu_only=bool(raw.get("use_cpu", False)))
+
+
+def _json(key: str) -> dict[str, Any]:
+    """A shipped DeepSpeed JSON ("accelerate_configs/NAME.json")."""
+    from pathlib import Path
+
+    from ..files import read_json_object
+    from ..shipped import shipped
+
+    return read_json_object(Path(str(shipped()[key])))
+
+
+def strategies() -> list[Strategy]:
+    """Every shipped accelerate config, the DeepSpeed JSONs through --deepspeed_config, and dynamo."""
+    import yaml
+
+    from ..shipped import shipped
+
+    found: list[Strategy] = []
+    jsons = []
+    for key, file in shipped().items():
+        if not key.startswith("accelerate_configs/"):
+            continue
+        name = key.split("/", 1)[1].rsplit(".", 1)[0]
+        if key.endswith(".json"):
+            jsons.append((name, key))
+            continue
+        strategy = _yaml_strategy(name, key, yaml.safe_load(file.read_text()))
+        if strategy is not None:
+            found.append(strategy)
+    for name, key in jsons:  # --deepspeed_config under a plain `python -m accel_mnist`
+        data = _json(key)
+        stage = int(data.get("zero_optimization", {}).get("stage", 0))
+        found.append(Strategy(f"--deepspeed_config {name}", "DEEPSPEED", ("python",), ("--deepspeed_config", key),
+                              zero_stage=stage, own_optimizer="optimizer" in data))  # fmt: skip
+    found.append(Strategy("dynamo", "NO", ("--config_file", "accelerate_configs/cpu.yaml"), dynamo="cpu"))
+    found.append(Strategy("dynamo_gpu", "NO", ("--config_file", "accelerate_configs/single_gpu.yaml"), dynamo="cuda"))
+    return found
+
+
+def dynamo_backend(strategy: Strategy) -> str:
+    """The dynamo backend a strategy's cells launch with ("no" for strategies without dynamo)."""
+    return DYNAMO_BACKEND[strategy.dynamo] if strategy.dynamo != "no" else "no"
+
+
+def launch_kind(strategy: Strategy, processes: int) -> str:
+    """The DistributedType name Accelerate sets up for `strategy` at `processes` processes."""
+    if strategy.kind == "MULTI_GPU" and strategy.cpu_only:
+        return "MULTI_CPU" if processes > 1 else "NO"
+    return strategy.kind
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a cell does: "trains", "changes" (with the lines it prints) or "refuses" (its error line)."""
+
+    kind: str
+    lines: tuple[str, ...] = ()
+
+
+def expect(strategy: Strategy, precision: str, device: str, processes: int, cell: Cell) -> Outcome:
+    """The outcome of `cell` under `strategy` at `precision` on `device` with `processes` processes."""
+    if precision == "fp16" and device == "cpu":
+        return Outcome("refuses", (fp16_on_cpu(None),))
+    if strategy.kind == "FSDP" and device == "cpu":
+        return Outcome("refuses", (FSDP_NEEDS_A_DEVICE,))
+    config = cell.config()
+    kind = launch_kind(strategy, processes)
+    grad_accum = config.grad_accum or 1
+    setup = Setup(kind=kind, device=device, precision=precision, grad_accum=grad_accum,
+                  dynamo=dynamo_backend(strategy), zero_stage=strategy.zero_stage,
+                  fsdp_version=strategy.fsdp_version, scaler=precision == "fp16" and kind != "DEEPSPEED")  # fmt: skip
+    lines = []
+    if config.channels_last and (line := channels_last_change(setup)):
+        lines.append(line)
+    if config.cuda_graph:
+        optimizer = "DeepSpeed's own" if strategy.own_optimizer else {"adam": "Adam", "adamw": "AdamW"}.get(
+            config.optimizer, config.optimizer
+        )
+        if (reason := capture_refusal(setup, config, optimizer)) is not None:
+            lines.append(eager_line(reason))
+    return Outcome("changes", tuple(lines)) if lines else Outcome("trains")
+
+
+def markdown(device: str = "cpu") -> str:
+    """The matrix as a Markdown table: an option a row, a strategy and precision a column."""
+    columns = [(s, p) for s in strategies() if s.runs_on(device) for p in PRECISIONS]
+    head = ["option"] + [f"{s.name} {p}" for s, p in columns]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell in option_cells():
+        marks = [_mark(expect(s, p, device, 1, cell)) for s, p in columns]
+        rows.append("| " + " | ".join([cell.name, *marks]) + " |")
+    return "\n".join(rows)
+
+
+def _mark(outcome: Outcome) -> str:
+    return {"trains": "trains", "changes": "changes", "refuses": "refuses"}[outcome.kind]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table for a device: `python -m accel_mnist.distributed.matrix [cpu|cuda]`."""
+    args = sys.argv[1:] if argv is None else argv
+    print(markdown(args[0] if args else "cpu"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
