@@ -20,13 +20,13 @@ from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.strategy import check_model, prepare, strategy_fields
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
-from ..versions import versions
 from .cadence import Cadence
 from .inputs import OwnData, RunData, load_run_data, model_for, record, run_facts
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import StopSignals
 from .prewarm import prewarm
+from .records import versions
 from .step import batch_loss, to_memory_format
 
 
