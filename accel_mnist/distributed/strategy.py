@@ -70,23 +70,7 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     handlers = list(kwargs.pop("kwargs_handlers", []))
     if config.cuda_graph:  # autocast's weight cache would keep casts made during capture (torch.cuda.graphs docs)
         handlers.append(AutocastKwargs(cache_enabled=False))
-    if use_fsdp and (env_flag("ACCELERATE_USE_CPU") or kwargs.get("cpu")):
-        # Accelerate would quietly train without it; a user who asked for sharding should know.
-        raise UsageError(
-            "FSDP was requested together with --cpu/use_cpu, and Accelerate would silently drop FSDP; "
-            "leave out --cpu (FSDP needs a GPU)"
-        )
-    has_device = multi_process_device_available()
-    if use_fsdp and not has_device:
-        raise UsageError(FSDP_NEEDS_A_DEVICE)
-    if world_size > 1 and not has_device:
-        # Started by torchrun on a machine without an accelerator, Accelerate would pick no
-        # process-group backend and run each process as its own world of one: every rank would
-        # train on all the data (and DeepSpeed's batch-size check fails). Join them over gloo.
-        if use_deepspeed:
-            handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
-        else:
-            kwargs.setdefault("cpu", True)
+    _place_processes(use_fsdp, use_deepspeed, world_size, handlers, kwargs)
     join_restarted_group()  # after a torchrun restart: a process group on fresh store keys
     accelerator = Accelerator(
         # An explicit plugin, with the accumulation check_launch resolved from both sides.
@@ -105,14 +89,51 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UsageError(fp16_on_cpu(launch.deepspeed_json))
     check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size)
-    notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum), *([arch_note] if arch_note else [])]
-    if started_by_deepspeed_launcher() and not use_deepspeed:
-        notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
+    notes = _align_and_collect_notes(accelerator, config, launch, arch_note)
     if announce:  # before the notes: the first line of a run says what runs
         accelerator.print(strategy_line(strategy_fields(accelerator)))
     for note in notes:
         logger.warning(note)  # main process only: once per run
     return accelerator
+
+
+def _place_processes(
+    use_fsdp: bool, use_deepspeed: bool, world_size: int, handlers: list[Any], kwargs: dict[str, Any]
+) -> None:
+    """Refuse FSDP without a device; join the processes of a launch on a machine without an
+    accelerator (over gloo under DeepSpeed, else on the CPU), through `handlers` and `kwargs`."""
+    if use_fsdp and (env_flag("ACCELERATE_USE_CPU") or kwargs.get("cpu")):
+        # Accelerate would quietly train without it; a user who asked for sharding should know.
+        raise UsageError(
+            "FSDP was requested together with --cpu/use_cpu, and Accelerate would silently drop FSDP; "
+            "leave out --cpu (FSDP needs a GPU)"
+        )
+    has_device = multi_process_device_available()
+    if use_fsdp and not has_device:
+        raise UsageError(FSDP_NEEDS_A_DEVICE)
+    if world_size > 1 and not has_device:
+        # Started by torchrun on a machine without an accelerator, Accelerate would pick no
+        # process-group backend and run each process as its own world of one: every rank would
+        # train on all the data (and DeepSpeed's batch-size check fails). Join them over gloo.
+        if use_deepspeed:
+            handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
+        else:
+            kwargs.setdefault("cpu", True)
+
+
+def _align_and_collect_notes(
+    accelerator: Accelerator, config: TrainConfig, launch: LaunchSettings, arch_note: str | None
+) -> list[str]:
+    """DeepSpeed's settings made the TrainConfig's (_align_deepspeed), and what to tell the user:
+    the launch's notes, those of the alignment, the CUDA arch list's, a DeepSpeed launcher's."""
+    notes = [
+        *launch.notes,
+        *_align_deepspeed(accelerator, config, launch.grad_accum),
+        *([arch_note] if arch_note else []),
+    ]
+    if started_by_deepspeed_launcher() and not launch.use_deepspeed:
+        notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
+    return notes
 
 
 def _own_deepspeed_plugin(launch: LaunchSettings) -> Any:
