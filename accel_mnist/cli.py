@@ -151,7 +151,7 @@ def settle_collector(own_process: bool) -> None:
 
 
 # Modules that add their own subcommands through `register(subparsers)`.
-SUBCOMMAND_MODULES = ("export.predict", "report", "shipped", "distributed.estimate")
+SUBCOMMAND_MODULES = ("export.predict", "report", "shipped", "report.estimate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -69,7 +69,7 @@ def hardware_label(hw: dict[str, Any]) -> str:
 
 
 def versions() -> dict[str, str]:
-    from accel_mnist.versions import versions as _versions
+    from accel_mnist.training.records import versions as _versions
 
     return _versions()
 

@@ -4,9 +4,8 @@ launched process group, and writes what each did to a JSON file (rank 0).
     accelerate launch LAUNCH_ARGS -m tests.matrix_worker OUT.json STRATEGY PRECISION DEVICE [CELL ...]
 
 One launch per strategy, precision and process count keeps the launch tier's time in check: the
-cells share the interpreter, the imports and the process group. train() ends by tearing the
-process group down (Accelerate's end_training), so between cells the worker joins a new default
-group on the launcher's store under a fresh key prefix, which Accelerate and DeepSpeed then use.
+cells share the interpreter, the imports and the process group (train() leaves the group to the
+process's exit, so that it can run again in the same process).
 Each cell records "trains", "changes" (results.json's `changes` lines), "refuses" (the UsageError's
 one line) or "crashes" (the traceback): the last is always a failure.
 """
@@ -18,29 +17,15 @@ import json
 import os
 import sys
 import traceback
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from accel_mnist import train
 from accel_mnist.distributed.matrix import option_cells
 from accel_mnist.errors import UsageError, one_line
 
 STEPS = 2
-
-
-def rejoin(index: int) -> None:
-    """A new default process group for the next cell, where the last one was destroyed."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size < 2 or dist.is_initialized():
-        return
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
-                          timeout=timedelta(minutes=5))  # fmt: skip
-    backend = "cuda:nccl,cpu:gloo" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, store=dist.PrefixStore(f"matrix/cell_{index}", store),
-                            rank=int(os.environ["RANK"]), world_size=world_size)  # fmt: skip
 
 
 def tiny_data():
@@ -74,7 +59,6 @@ def run_cell(cell, base: dict, out: Path) -> dict:
         results = train(config, train_data=train_data, test_data=test_data)
     elif cell.name == "resume":
         first = train(config.replace(checkpoint_every=1, save_checkpoints=True, keep_checkpoints=2))
-        rejoin(10_000)
         step_1 = out / "checkpoints" / "step_1"
         results = train(config.replace(resume_from=str(step_1), checkpoint_every=1, save_checkpoints=True))
         if results["steps"] != first["steps"]:
@@ -110,7 +94,6 @@ def main() -> int:
     cells = [c for c in option_cells() if not names or c.name in names]
     outcomes = {}
     for index, cell in enumerate(cells):
-        rejoin(index)
         try:
             outcomes[cell.name] = run_cell(cell, base, root / f"cell_{index}")
         except UsageError as e:
@@ -123,5 +106,69 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-
     raise SystemExit(main())
+
+
+def run_group(strategy, precision: str, device: str, processes: int, out: Path, timeout: int = 900) -> dict:
+    """Launch one group of cells (every cell of the matrix) and return {cell name: outcome}, or
+    raise AssertionError with the launch's output where it wrote no outcomes."""
+    import shutil
+    import subprocess
+
+    from accel_mnist.distributed.matrix import launch_args
+    from tests.helpers import REPO
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    result = out / "outcomes.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    env["OMP_NUM_THREADS"] = "1"
+    worker = ["-m", "tests.matrix_worker", str(result), strategy.name, precision, device]
+    bin_dir = Path(sys.executable).parent
+    if strategy.launch == ("python",):
+        env["MATRIX_TRAIN_ARGS"] = "=".join(strategy.train_args).lstrip("-")
+        if processes == 1:
+            cmd = [sys.executable, *worker]
+        else:
+            cmd = [str(bin_dir / "torchrun"), "--nproc_per_node", str(processes), "--master_port", "0", *worker]
+    else:
+        cmd = [str(bin_dir / "accelerate"), "launch", *launch_args(strategy, device, precision, processes),
+               "--main_process_port", "0", *worker]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    (out / "log.txt").write_text(proc.stdout + proc.stderr)
+    if not result.is_file():
+        raise AssertionError(f"{' '.join(cmd)} wrote no outcomes (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(result.read_text())
+
+
+def check_groups(
+    groups, device: str, root: Path, parallel: int = 1, record: Path | None = None
+) -> tuple[dict, list[str]]:
+    """Run every group (in `parallel` launches at a time) and compare each cell with the matrix's
+    expectation; ({"strategy precision Np": {cell: outcome}}, the mismatches as lines)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from accel_mnist.distributed.matrix import expect
+
+    def one(group):
+        strategy, precision, processes = group
+        label = f"{strategy.name} {precision} {processes}p"
+        folder = root / label.replace(" ", "_").replace("--", "")
+        try:
+            return label, group, run_group(strategy, precision, device, processes, folder)
+        except (AssertionError, OSError) as e:  # no outcomes at all: a launch that failed
+            return label, group, {"launch": {"kind": "crashes", "lines": [str(e)]}}
+
+    seen, wrong = {}, []
+    with ThreadPoolExecutor(parallel) as pool:
+        for label, (strategy, precision, processes), outcomes in pool.map(one, groups):
+            seen[label] = outcomes
+            for cell in option_cells():
+                want = expect(strategy, precision, device, processes, cell)
+                got = outcomes.get(cell.name, {"kind": "missing", "lines": []})
+                if got["kind"] != want.kind or tuple(got["lines"]) != want.lines:
+                    wrong.append(f"{label} {cell.name}: expected {want.kind} {list(want.lines)}, got {got['kind']} "
+                                 f"{[line[-2000:] for line in got['lines']]}")  # fmt: skip
+            if record is not None:  # as each group ends: a run cut short keeps what it saw
+                record.write_text(json.dumps({"seen": seen, "wrong": wrong}, indent=1))
+    return seen, wrong

@@ -64,6 +64,15 @@ def own_datasets(
         names = train_data.class_names
         mean, std = (train_data.mean, train_data.std) if mean is None else (mean, std)
         return _pair(train_data.images, train_data.labels, test_data.images, test_data.labels, names, mean, std)
+    return _from_torch_datasets(train_data, test_data, data_loader, local_processes, num_workers, mean, std)
+
+
+def _from_torch_datasets(
+    train_data: Any, test_data: Any, data_loader: str, local_processes: int, num_workers: int,
+    mean: float | None, std: float | None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """Two torch Datasets read once: kept as tensors where both fit in memory (and `data_loader`
+    allows), else ItemDatasets that read every item again through a DataLoader."""
     for where, split in (("train_data", train_data), ("test_data", test_data)):
         _check_map_style(split, where)
     shape, kind = _layout(train_data, "train_data")

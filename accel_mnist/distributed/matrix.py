@@ -21,7 +21,7 @@ from typing import Any
 
 from ..config import TrainConfig
 from .launchers import fp16_on_cpu
-from .option_rules import Setup, capture_refusal, channels_last_change, eager_line
+from .option_rules import Setup, buffers_change, capture_refusal, channels_last_change, eager_line, float_buffers
 from .strategy_checks import FSDP_NEEDS_A_DEVICE
 
 # Ways of running that are not TrainConfig fields: train(config, model=...), train(config,
@@ -66,7 +66,7 @@ class Strategy:
     train_args: tuple[str, ...] = ()
     zero_stage: int = 0
     fsdp_version: int = 0
-    dynamo: str = "no"
+    dynamo: bool = False  # torch.compile through dynamo, launched with --dynamo_backend (DYNAMO_BACKEND)
     own_optimizer: bool = False  # a DeepSpeed JSON with its own optimizer section
     cpu_only: bool = False  # use_cpu: the config trains on the CPU even beside a GPU
     notes: tuple[str, ...] = field(default=())
@@ -79,7 +79,7 @@ class Strategy:
 
 def _yaml_strategy(name: str, path: str, raw: dict[str, Any]) -> Strategy | None:
     kind = str(raw.get("distributed_type", "NO"))
-    launch = ("--config_file", path)
+    launch: tuple[str, ...] = ("--config_file", path)
     if int(raw.get("num_machines", 1)) > 1:
         launch += ("--num_machines", "1")  # a multi-machine config, run on one machine
     if kind == "DEEPSPEED":
@@ -130,14 +130,52 @@ def strategies() -> list[Strategy]:
         stage = int(data.get("zero_optimization", {}).get("stage", 0))
         found.append(Strategy(f"--deepspeed_config {name}", "DEEPSPEED", ("python",), ("--deepspeed_config", key),
                               zero_stage=stage, own_optimizer="optimizer" in data))  # fmt: skip
-    found.append(Strategy("dynamo", "NO", ("--config_file", "accelerate_configs/cpu.yaml"), dynamo="cpu"))
-    found.append(Strategy("dynamo_gpu", "NO", ("--config_file", "accelerate_configs/single_gpu.yaml"), dynamo="cuda"))
+    found.append(Strategy("dynamo", "NO", (), dynamo=True))
     return found
 
 
-def dynamo_backend(strategy: Strategy) -> str:
-    """The dynamo backend a strategy's cells launch with ("no" for strategies without dynamo)."""
-    return DYNAMO_BACKEND[strategy.dynamo] if strategy.dynamo != "no" else "no"
+def precisions(strategy: Strategy) -> tuple[str, ...]:
+    """The precisions a strategy's launch can ask for: a --deepspeed_config JSON alone sets its own."""
+    return ("no",) if strategy.launch == ("python",) else PRECISIONS
+
+
+def groups(device: str) -> list[tuple[Strategy, str, int]]:
+    """The (strategy, precision, processes) launches the tests run on `device`, each over every cell.
+
+    On a GPU machine of one GPU: every strategy that runs there, at each precision, one process.
+    On the CPU (the launch tier, 2 cores): every strategy at fp32 with one process; bf16 and fp16
+    for the first strategy of each kind (fp16 is refused alike by every CPU launch); and two
+    processes for the first strategy of each kind, ZeRO stage and own optimizer, where two
+    processes change what runs (DDP, ZeRO's partitions).
+    """
+    found = [s for s in strategies() if s.runs_on(device)]
+    if device != "cpu":
+        return [(s, p, 1) for s in found for p in precisions(s)]
+    out: list[tuple[Strategy, str, int]] = []
+    kinds: set[str] = set()
+    sharded: set[tuple[str, int, bool]] = set()
+    for s in found:
+        ddp = s.cpu_only and s.kind == "MULTI_GPU"  # multi_cpu.yaml: DDP only with two processes
+        out.append((s, "no", 2 if ddp else 1))
+        if s.kind not in kinds and s.launch != ("python",) and not s.dynamo:
+            kinds.add(s.kind)
+            out += [(s, "bf16", 2 if ddp else 1), (s, "fp16", 2 if ddp else 1)]
+        shape = (s.kind, s.zero_stage, s.own_optimizer)
+        if s.kind == "DEEPSPEED" and shape not in sharded:
+            sharded.add(shape)
+            out.append((s, "no", 2))
+    return out
+
+
+def launch_args(strategy: Strategy, device: str, precision: str, processes: int) -> list[str]:
+    """`accelerate launch` arguments for a cell group (the --deepspeed_config strategies: [])."""
+    if strategy.launch == ("python",):
+        return []
+    launch = list(strategy.launch)
+    if strategy.dynamo:  # the one-process config of the device, compiled
+        yaml = "cpu.yaml" if device == "cpu" else "single_gpu.yaml"
+        launch = ["--config_file", f"accelerate_configs/{yaml}", "--dynamo_backend", DYNAMO_BACKEND[device]]
+    return [*launch, "--num_processes", str(processes), "--mixed_precision", precision]
 
 
 def launch_kind(strategy: Strategy, processes: int) -> str:
@@ -165,39 +203,80 @@ def expect(strategy: Strategy, precision: str, device: str, processes: int, cell
     kind = launch_kind(strategy, processes)
     grad_accum = config.grad_accum or 1
     setup = Setup(kind=kind, device=device, precision=precision, grad_accum=grad_accum,
-                  dynamo=dynamo_backend(strategy), zero_stage=strategy.zero_stage,
+                  dynamo=DYNAMO_BACKEND[device] if strategy.dynamo else "no", zero_stage=strategy.zero_stage,
                   fsdp_version=strategy.fsdp_version, scaler=precision == "fp16" and kind != "DEEPSPEED")  # fmt: skip
     lines = []
     if config.channels_last and (line := channels_last_change(setup)):
         lines.append(line)
+    if line := buffers_change(setup, _float_buffers(cell)):
+        lines.append(line)
     if config.cuda_graph:
-        optimizer = "DeepSpeed's own" if strategy.own_optimizer else {"adam": "Adam", "adamw": "AdamW"}.get(
-            config.optimizer, config.optimizer
+        optimizer = (
+            "DeepSpeed's own"
+            if strategy.own_optimizer
+            else {"adam": "Adam", "adamw": "AdamW"}.get(config.optimizer, config.optimizer)
         )
         if (reason := capture_refusal(setup, config, optimizer)) is not None:
             lines.append(eager_line(reason))
     return Outcome("changes", tuple(lines)) if lines else Outcome("trains")
 
 
-def markdown(device: str = "cpu") -> str:
-    """The matrix as a Markdown table: an option a row, a strategy and precision a column."""
-    columns = [(s, p) for s in strategies() if s.runs_on(device) for p in PRECISIONS]
-    head = ["option"] + [f"{s.name} {p}" for s, p in columns]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for cell in option_cells():
-        marks = [_mark(expect(s, p, device, 1, cell)) for s, p in columns]
-        rows.append("| " + " | ".join([cell.name, *marks]) + " |")
-    return "\n".join(rows)
+def _float_buffers(cell: Cell) -> bool:
+    """Whether the cell's model holds floating-point buffers (the registry's models, built on the CPU)."""
+    if cell.name in EXTRA_CELLS:
+        return False  # the own model has none; the others train the default model
+    from ..models import build_model
+
+    config = cell.config()
+    return float_buffers(build_model(config.model, config.mlp_hidden))
 
 
-def _mark(outcome: Outcome) -> str:
-    return {"trains": "trains", "changes": "changes", "refuses": "refuses"}[outcome.kind]
+def counts(device: str) -> dict[str, int]:
+    """How many cells of the whole matrix on `device` train, change something, or refuse (one process)."""
+    found = {"cells": 0, "trains": 0, "changes": 0, "refuses": 0}
+    for s in strategies():
+        if s.runs_on(device):
+            for p in precisions(s):
+                for cell in option_cells():
+                    found["cells"] += 1
+                    found[expect(s, p, device, 1, cell).kind] += 1
+    return found
+
+
+def markdown(device: str) -> str:
+    """The matrix on `device` as Markdown: a row per strategy and precision, what its cells do."""
+    label = {"cpu": "a CPU-only machine", "cuda": "a CUDA GPU"}[device]
+    total = counts(device)
+    lines = [
+        f"On {label}: {total['cells']} cells ({len(option_cells())} options under each strategy and precision): "
+        f"{total['trains']} train as asked, {total['changes']} train with one line saying what changed, "
+        f"{total['refuses']} stop with one `error:` line.",
+        "",
+        "| strategy | precision | trains | changes (the line) | refuses (the line) |",
+        "|---|---|---|---|---|",
+    ]
+    for s in strategies():
+        if not s.runs_on(device):
+            continue
+        for p in precisions(s):
+            outcomes = [(cell, expect(s, p, device, 1, cell)) for cell in option_cells()]
+            trains = sum(o.kind == "trains" for _, o in outcomes)
+            changed = "<br>".join(f"`{c.name}`: {o.lines[0]}" for c, o in outcomes if o.kind == "changes")
+            refused = {o.lines[0] for _, o in outcomes if o.kind == "refuses"}
+            refuses = f"all {len(outcomes)}: {refused.pop()}" if len(refused) == 1 else ""
+            lines.append(f"| {s.name} | {p} | {trains} | {changed} | {refuses} |")
+    return "\n".join(lines)
+
+
+def tables(devices: list[str]) -> str:
+    """The tables docs/strategies.md holds, one per device."""
+    return "\n\n".join(markdown(d) for d in devices)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the table for a device: `python -m accel_mnist.distributed.matrix [cpu|cuda]`."""
+    """Print the tables: `python -m accel_mnist.distributed.matrix [cpu|cuda]` (default both)."""
     args = sys.argv[1:] if argv is None else argv
-    print(markdown(args[0] if args else "cpu"))
+    print(tables(args or ["cpu", "cuda"]))
     return 0
 
 

@@ -72,6 +72,37 @@ def channels_last_change(setup: Setup) -> str | None:
     )
 
 
+def buffers_change(setup: Setup, has_float_buffers: bool) -> str | None:
+    """Why the model's floating-point buffers take the run's 16-bit precision (None: they stay).
+
+    FSDP2's MixedPrecisionPolicy casts the parameters for compute and leaves buffers alone, and
+    BatchNorm's backward wants its running statistics in its weights' dtype ("Expected
+    running_mean to have type BFloat16 but got Float", bncnn under fsdp2.yaml on an H200). The
+    statistics then accumulate in 16 bits, as under DeepSpeed (whose buffer_dtype strategy.py sets).
+    """
+    if setup.kind != "FSDP" or setup.fsdp_version != 2 or setup.precision not in ("fp16", "bf16"):
+        return None
+    if not has_float_buffers:
+        return None
+    return (
+        f"{setup.precision} under FSDP2: the model's buffers (BatchNorm's running statistics) in {setup.precision} "
+        "too, since FSDP2 casts only the parameters and BatchNorm's backward needs both alike"
+    )
+
+
+def float_buffers(model: Any) -> bool:
+    """Whether `model` (an nn.Module) holds floating-point buffers."""
+    return any(buffer.is_floating_point() for buffer in model.buffers())
+
+
+def cast_float_buffers(model: Any, dtype: Any) -> None:
+    """Every floating-point buffer of `model` in `dtype`, registered as before."""
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_floating_point():
+                setattr(module, name, buffer.to(dtype))
+
+
 CAPTURABLE_OPTIMIZERS = ("Adam", "AdamW")
 
 

@@ -70,6 +70,39 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     handlers = list(kwargs.pop("kwargs_handlers", []))
     if config.cuda_graph:  # autocast's weight cache would keep casts made during capture (torch.cuda.graphs docs)
         handlers.append(AutocastKwargs(cache_enabled=False))
+    _place_processes(use_fsdp, use_deepspeed, world_size, handlers, kwargs)
+    join_restarted_group()  # after a torchrun restart: a process group on fresh store keys
+    accelerator = Accelerator(
+        # An explicit plugin, with the accumulation check_launch resolved from both sides.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=grad_accum),
+        # Our schedules count optimizer steps on one process; Accelerate's default would step
+        # them num_processes times per step under DDP but once under DeepSpeed.
+        step_scheduler_with_optimizer=False,
+        deepspeed_plugin=_own_deepspeed_plugin(launch),
+        kwargs_handlers=handlers,
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_dir=config.output_dir,
+        **kwargs,
+    )
+    _fresh_json(accelerator)
+    if config.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise UsageError(fp16_on_cpu(launch.deepspeed_json))
+    check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size)
+    notes = _align_and_collect_notes(accelerator, config, launch, arch_note)
+    if announce:  # before the notes: the first line of a run says what runs
+        accelerator.print(strategy_line(strategy_fields(accelerator)))
+    for note in notes:
+        logger.warning(note)  # main process only: once per run
+    return accelerator
+
+
+def _place_processes(
+    use_fsdp: bool, use_deepspeed: bool, world_size: int, handlers: list[Any], kwargs: dict[str, Any]
+) -> None:
+    """Refuse FSDP without a device; join the processes of a launch on a machine without an
+    accelerator (over gloo under DeepSpeed, else on the CPU), through `handlers` and `kwargs`."""
     if use_fsdp and (env_flag("ACCELERATE_USE_CPU") or kwargs.get("cpu")):
         # Accelerate would quietly train without it; a user who asked for sharding should know.
         raise UsageError(
@@ -87,44 +120,67 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
             handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
         else:
             kwargs.setdefault("cpu", True)
-    join_restarted_group()  # after a torchrun restart: a process group on fresh store keys
-    accelerator = Accelerator(
-        # An explicit plugin, with the accumulation check_launch resolved from both sides.
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=grad_accum),
-        # Our schedules count optimizer steps on one process; Accelerate's default would step
-        # them num_processes times per step under DDP but once under DeepSpeed.
-        step_scheduler_with_optimizer=False,
-        deepspeed_plugin=_own_deepspeed_plugin(launch),
-        kwargs_handlers=handlers,
-        log_with=None if config.report_to == "none" else config.report_to,
-        project_dir=config.output_dir,
-        **kwargs,
-    )
-    if config.cudnn_benchmark:
-        torch.backends.cudnn.benchmark = True
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UsageError(fp16_on_cpu(launch.deepspeed_json))
-    check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size)
-    notes = [*launch.notes, *_align_deepspeed(accelerator, config, grad_accum), *([arch_note] if arch_note else [])]
-    if started_by_deepspeed_launcher() and not use_deepspeed:
+
+
+def _align_and_collect_notes(
+    accelerator: Accelerator, config: TrainConfig, launch: LaunchSettings, arch_note: str | None
+) -> list[str]:
+    """DeepSpeed's settings made the TrainConfig's (_align_deepspeed), and what to tell the user:
+    the launch's notes, those of the alignment, the CUDA arch list's, a DeepSpeed launcher's."""
+    notes = [
+        *launch.notes,
+        *_align_deepspeed(accelerator, config, launch.grad_accum),
+        *([arch_note] if arch_note else []),
+    ]
+    if started_by_deepspeed_launcher() and not launch.use_deepspeed:
         notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
-    if announce:  # before the notes: the first line of a run says what runs
-        accelerator.print(strategy_line(strategy_fields(accelerator)))
-    for note in notes:
-        logger.warning(note)  # main process only: once per run
-    return accelerator
+    return notes
+
+
+# The DeepSpeed JSON the first Accelerator of this process was built with: Accelerate keeps one
+# DeepSpeed plugin a process (AcceleratorState is shared) and refuses a second.
+_PROCESS_JSON: dict[str, Any] = {}
 
 
 def _own_deepspeed_plugin(launch: LaunchSettings) -> Any:
     """The DeepSpeedPlugin of a --deepspeed_config JSON (None where Accelerate builds its own from
     the accelerate config, or there is no DeepSpeed): the JSON's ZeRO stage, offload, precision
-    and accumulation, its "auto" values filled as from a YAML's deepspeed_config_file."""
+    and accumulation, its "auto" values filled as from a YAML's deepspeed_config_file.
+
+    A later run in the same process (train() called again) gets None, and Accelerate keeps the
+    first run's plugin: `_fresh_json` then gives that plugin the JSON's "auto" values again."""
     found = launch.deepspeed_json
-    if found is None or not found.own:
+    if found is None:
+        return None
+    from accelerate.state import is_initialized
+
+    if is_initialized() and _PROCESS_JSON:
+        if found.data != _PROCESS_JSON["data"]:
+            raise UsageError(
+                f"{found.label}: this process already trained under DeepSpeed config {_PROCESS_JSON['label']}, "
+                "and Accelerate keeps one DeepSpeed config a process; start a fresh process for another"
+            )
+        _PROCESS_JSON["later"] = True
+        return None
+    _PROCESS_JSON.update(data=copy.deepcopy(found.data), label=found.label, later=False)
+    if not found.own:
         return None
     from accelerate.utils import DeepSpeedPlugin
 
     return DeepSpeedPlugin(hf_ds_config=copy.deepcopy(found.data), zero3_init_flag=zero3_init(found))
+
+
+def _fresh_json(accelerator: Accelerator) -> None:
+    """For a run after the first in this process: the JSON's "auto" values of its optimizer and
+    scheduler sections "auto" again, which the last run's prepare filled in place (its learning
+    rate, its schedule's length). Batch sizes, accumulation and clipping are set by every run."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None or not _PROCESS_JSON.get("later"):
+        return
+    for section in ("optimizer", "scheduler"):
+        written = _PROCESS_JSON["data"].get(section, {}).get("params", {})
+        params = plugin.deepspeed_config.get(section, {}).get("params", {})
+        params.update({key: "auto" for key, value in written.items() if value == "auto"})
 
 
 def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: int) -> list[str]:

@@ -15,7 +15,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,6 +26,9 @@ from ..run.checkpoint import STATE_FILE
 from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
 from .gather import _fp32_cpu, _strip_wrapper_prefixes, full_state_dict
 from .transformers_dir import HF_CONFIG_FILE, HF_CONFIG_PLACES, hf_place, write_hf_folder
+
+if TYPE_CHECKING:
+    from ..data.catalog import DatasetSpec
 
 __all__ = ["export_from_checkpoint", "full_state_dict", "load_model", "read_export_config", "save_exported"]
 
@@ -68,17 +71,8 @@ def save_exported(
     """
     from safetensors.torch import save_file
 
-    from ..data.catalog import DATASETS
-
     extra = dict(extra or {})
-    if dataset in DATASETS:
-        spec = DATASETS[dataset]
-    elif dataset.startswith("hf:"):
-        spec = DATASETS["mnist"]  # Hugging Face copies of MNIST; extra may give other constants
-    elif "mean" in extra and "std" in extra:
-        spec = None  # the caller's own data, with the constants it trained with
-    else:
-        raise UsageError(f"cannot export: unknown dataset {dataset!r} (choose one of: {', '.join(DATASETS)}, hf:NAME)")
+    spec = _dataset_spec(dataset, extra)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
     out_dir = Path(out_dir)
     # Beside the target, so that the final rename stays on one file system; made with mkdir
@@ -100,21 +94,40 @@ def save_exported(
             (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
             for name in (WEIGHTS_FILE, CONFIG_FILE):
                 fsync_file(tmp / name)
-            if out_dir.is_dir() and any(out_dir.iterdir()):
-                # Other files may share the directory (a run's results, say): replace only ours,
-                # model_config.json last, since it is what vouches for the weights.
-                hf = [sub or HF_CONFIG_FILE] if transformers_config else []
-                for name in (WEIGHTS_FILE, *hf, CONFIG_FILE):
-                    if (tmp / name).is_dir() and (out_dir / name).exists():
-                        os.replace(out_dir / name, tmp / f".old-{name}")  # a folder cannot replace a folder
-                    os.replace(tmp / name, out_dir / name)
-            else:
-                os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
+            _move_into_place(tmp, out_dir, [sub or HF_CONFIG_FILE] if transformers_config else [])
     except OSError as e:  # what the storage did not refuse: a path that is a file, say
         raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _dataset_spec(dataset: str, extra: dict[str, Any]) -> DatasetSpec | None:
+    """The catalog's entry whose mean and std an export of `dataset` records; None where `extra`
+    brings the caller's own; a UsageError for a dataset without either."""
+    from ..data.catalog import DATASETS
+
+    if dataset in DATASETS:
+        return DATASETS[dataset]
+    if dataset.startswith("hf:"):
+        return DATASETS["mnist"]  # Hugging Face copies of MNIST; extra may give other constants
+    if "mean" in extra and "std" in extra:
+        return None  # the caller's own data, with the constants it trained with
+    raise UsageError(f"cannot export: unknown dataset {dataset!r} (choose one of: {', '.join(DATASETS)}, hf:NAME)")
+
+
+def _move_into_place(tmp: Path, out_dir: Path, hf: list[str]) -> None:
+    """Move the export written in `tmp` to `out_dir` (with `hf`, its Hugging Face entry): a new
+    or empty directory by one rename, an existing one file by file."""
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        # Other files may share the directory (a run's results, say): replace only ours,
+        # model_config.json last, since it is what vouches for the weights.
+        for name in (WEIGHTS_FILE, *hf, CONFIG_FILE):
+            if (tmp / name).is_dir() and (out_dir / name).exists():
+                os.replace(out_dir / name, tmp / f".old-{name}")  # a folder cannot replace a folder
+            os.replace(tmp / name, out_dir / name)
+    else:
+        os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
 
 
 def _sha256(path: Path) -> str:

@@ -6,12 +6,14 @@ optimizer step; what the strategy changes lives in `distributed/`, not here.
 
 from __future__ import annotations
 
+import atexit
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -67,8 +69,26 @@ def train(
             run.fit()
             return run.finish(start, plots_in_background)
     finally:
-        # Also on failure: trackers close their runs and the process group is torn down.
-        accelerator.end_training()
+        end_run(accelerator)
+
+
+def end_run(accelerator: Accelerator) -> None:
+    """Close the run's trackers (also on failure) and leave the process group to the process's exit.
+
+    Accelerate's end_training also destroys the process group, but DeepSpeed keeps the groups it
+    derived from it for the next engine, and a second train() in the same process (a sweep, a
+    notebook, the option matrix's cells) then fails in its first collective ("Group ... is not
+    registered"). The group is destroyed once, at interpreter exit, as end_training would have.
+    """
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    global _TEARDOWN_REGISTERED
+    if not _TEARDOWN_REGISTERED:
+        atexit.register(accelerator.state.destroy_process_group)
+        _TEARDOWN_REGISTERED = True
+
+
+_TEARDOWN_REGISTERED = False
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 # Fields of a metrics row that results.json states in its own terms ("epochs", "steps", and
@@ -52,3 +54,15 @@ def results_record(
         **facts,
         "confusion_matrix": confusion_matrix,
     }
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of Python and the libraries a result depends on, recorded with every
+    result so that numbers can be compared later."""
+    out = {"python": platform.python_version()}
+    for name in ("torch", "accelerate", "deepspeed", "torchvision", "accel-mnist"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out

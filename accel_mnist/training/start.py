@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
@@ -16,17 +18,24 @@ from ..config import TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.memory import MemoryWatch, trainable_numels
-from ..distributed.option_rules import Setup, channels_last_change, tell_change
+from ..distributed.option_rules import (
+    Setup,
+    buffers_change,
+    cast_float_buffers,
+    channels_last_change,
+    float_buffers,
+    tell_change,
+)
 from ..distributed.strategy import check_model, prepare, strategy_fields
 from ..run import checkpoint as ckpt
-from ..run.directory import RunDir
-from ..versions import versions
+from ..run.directory import Plan, RunDir
 from .cadence import Cadence
-from .inputs import OwnData, load_run_data, model_for, record, run_facts
+from .inputs import OwnData, RunData, load_run_data, model_for, record, run_facts
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import StopSignals
 from .prewarm import prewarm
+from .records import versions
 from .step import batch_loss, to_memory_format
 
 
@@ -58,7 +67,11 @@ def start_run(
     own: OwnData,
 ) -> RunParts | dict[str, Any]:
     """Check everything on every rank, then open the output directory and prepare the objects;
-    a finished run's results instead where `output_dir` holds one."""
+    a finished run's results instead where `output_dir` holds one.
+
+    The stages below run in this order, each a function of its own: the plan, the data, the
+    model, the checks against the checkpoint, the output directory, the prewarm, prepare, resume.
+    """
     strategy = strategy_fields(accelerator)
     plan = run_dir.plan()  # locked, then agreed by every rank: what --resume-from means here
     if plan.finished is not None:
@@ -67,21 +80,71 @@ def start_run(
     resume, state = plan.resume, plan.state or ckpt.TrainState()
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
+    run_data = _load_data(config, run_dir, own)
+    model_name, model = _build_model(accelerator, config, model, run_data)
+    data = Loaders(run_data.train, run_data.test, config, accelerator)
+    steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
+    saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
+    _settle_state(accelerator, config, state, resume, strategy, _total_steps(config, steps_per_epoch), run_data)
+    record(state, model_name, model, run_data)
+    check_model(accelerator, model)
+    # Only now, with every check passed on every rank, is the output directory written (its lock aside).
+    _open_output(accelerator, config, run_dir, plan, state)
+    facts = _setup_facts(accelerator, config, state, model, strategy, data)
+    if config.prewarm:
+        facts["prewarm_seconds"] = _prewarm_copy(accelerator, config, model, run_data, data, state)
+    numels = trainable_numels(model)  # before prepare, which may shard the parameters
+    model, optimizer, scheduler = _prepare(
+        accelerator, config, model, state, steps_per_epoch, resume, saved_strategy, facts
+    )
+    memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
+    if resume:
+        _resume(accelerator, config, resume, rng_states, state)
+    cadence = Cadence.of(config, state.total_steps)
+    return RunParts(accelerator, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
+                    steps_per_epoch, facts, memory)  # fmt: skip
 
+
+def _load_data(config: TrainConfig, run_dir: RunDir, own: OwnData) -> RunData:
+    """The run's data: `own`'s splits or the config's dataset, downloaded once per data directory."""
     with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
-        run_data = load_run_data(config, own)
+        return load_run_data(config, own)
+
+
+def _build_model(
+    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, run_data: RunData
+) -> tuple[str, nn.Module]:
+    """(the name the run records, the model) for the data, built or checked under the run's seed."""
     set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
     model_name = config.model if model is None else type(model).__name__
     setup = Setup.of(accelerator)
     model = to_memory_format(model_for(accelerator, config, model, run_data), config, setup)
+    if buffers_change(setup, float_buffers(model)):  # said by _setup_facts
+        cast_float_buffers(model, {"fp16": torch.float16, "bf16": torch.bfloat16}[setup.precision])
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
-    data = Loaders(run_data.train, run_data.test, config, accelerator)
-    steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
+    return model_name, model
+
+
+def _total_steps(config: TrainConfig, steps_per_epoch: int) -> int:
+    """Optimizer steps in the whole run: its epochs, cut at `max_steps` where set."""
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
-    saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
+    return total_steps
+
+
+def _settle_state(
+    accelerator: Accelerator,
+    config: TrainConfig,
+    state: ckpt.TrainState,
+    resume: Path | None,
+    strategy: dict[str, Any],
+    total_steps: int,
+    run_data: RunData,
+) -> None:
+    """Check a checkpoint against this run on every rank (resuming), then write this run's
+    strategy, config and length into `state`."""
     if resume:
         saved, where, settings, described = state, resume, config.to_dict(), run_data.state_fields
         consensus.agree(
@@ -89,13 +152,28 @@ def start_run(
         )
         state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
     state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
-    record(state, model_name, model, run_data)
-    check_model(accelerator, model)
-    # Only now, with every check passed on every rank, is the output directory written (its lock aside).
+
+
+def _open_output(
+    accelerator: Accelerator, config: TrainConfig, run_dir: RunDir, plan: Plan, state: ckpt.TrainState
+) -> None:
+    """Write the output directory (the first write of the run) and start the trackers."""
     run_dir.open(plan)
     if config.report_to != "none":
         hparams = {k: "none" if v is None else v for k, v in state.config.items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
+
+
+def _setup_facts(
+    accelerator: Accelerator,
+    config: TrainConfig,
+    state: ckpt.TrainState,
+    model: nn.Module,
+    strategy: dict[str, Any],
+    data: Loaders,
+) -> dict[str, Any]:
+    """What results.json says about the setup; the prewarm's seconds are filled in as it runs. Its
+    `changes`: each way the run differs from what the config asked, said here in one line."""
     facts = {
         **run_facts(state, model),
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
@@ -103,17 +181,42 @@ def start_run(
         "data_loader": data.kind,
         "prewarm_seconds": 0.0,
         "versions": versions(),
-        "changes": [],  # what runs otherwise than the config asked, each said in one line
+        "changes": [],
     }
+    setup = Setup.of(accelerator)
     if config.channels_last and (line := channels_last_change(setup)):
         tell_change(accelerator, facts["changes"], line)
-    if config.prewarm:
-        rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
-        per_process = len(run_data.train) // accelerator.num_processes
-        facts["prewarm_seconds"] = prewarm(
-            model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast
-        )
-    numels = trainable_numels(model)  # before prepare, which may shard the parameters
+    if line := buffers_change(setup, float_buffers(model)):
+        tell_change(accelerator, facts["changes"], line)
+    return facts
+
+
+def _prewarm_copy(
+    accelerator: Accelerator,
+    config: TrainConfig,
+    model: nn.Module,
+    run_data: RunData,
+    data: Loaders,
+    state: ckpt.TrainState,
+) -> float:
+    """Seconds of the prewarm: every batch shape's step, and the loop's own tensor work, on a copy."""
+    rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
+    per_process = len(run_data.train) // accelerator.num_processes
+    return prewarm(model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast)
+
+
+def _prepare(
+    accelerator: Accelerator,
+    config: TrainConfig,
+    model: nn.Module,
+    state: ckpt.TrainState,
+    steps_per_epoch: int,
+    resume: Path | None,
+    saved_strategy: dict[str, Any],
+    facts: dict[str, Any],
+) -> tuple[nn.Module, Any, Any]:
+    """(model, optimizer, scheduler) as the strategy runs them; under DeepSpeed with prewarm, a
+    throwaway engine steps first, and its seconds go into `facts`."""
     # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
     engine_twin = copy.deepcopy(model) if config.prewarm and accelerator.state.deepspeed_plugin else None
     model, optimizer, scheduler = prepare(
@@ -127,10 +230,12 @@ def start_run(
         )  # fmt: skip
         facts["prewarm_seconds"] += facts["prewarm_engine_seconds"]
         del engine_twin
-    memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
-    if resume:
-        ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
-        accelerator.print(f"resumed from {resume} at step {state.step}")
-    cadence = Cadence.of(config, state.total_steps)
-    return RunParts(accelerator, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
-                    steps_per_epoch, facts, memory)  # fmt: skip
+    return model, optimizer, scheduler
+
+
+def _resume(
+    accelerator: Accelerator, config: TrainConfig, resume: Path, rng_states: dict[str, Any], state: ckpt.TrainState
+) -> None:
+    """Load the checkpoint, checked at the plan, into the prepared objects and the RNGs."""
+    ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
+    accelerator.print(f"resumed from {resume} at step {state.step}")

@@ -267,6 +267,7 @@ def build_step(
         else:
             accelerator.print(f"cuda_graph: the step is captured ({graphed.capture_seconds:.2f} s)")
             return graphed
+    reason = reason or "no torch optimizer behind the prepared one to capture"
     eager.facts["eager_reason"] = reason
     accelerator.print(eager_line(reason))
     return eager

@@ -13,9 +13,9 @@ import argparse
 import json
 from typing import Any
 
+from ..distributed.model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict
 from ..errors import UsageError
-from ..tables import text_table
-from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict
+from .tables import text_table
 
 # Each strategy as a launch with one of accelerate_configs/ sets it up.
 STRATEGIES: dict[str, dict[str, Any]] = {

@@ -6,6 +6,9 @@
 matplotlib is imported inside the functions that draw, so that `accel-mnist --help` and the
 training CLI never pay for it; figures are built as `matplotlib.figure.Figure` objects and
 saved through the Agg canvas, without pyplot's global state (safe in any thread, no display).
+
+Beside it in this package: memory.py (the memory part of the report), estimate.py (`accel-mnist
+estimate`, the model states predicted before any run) and tables.py (the commands' text tables).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
-from .files import read_json_object, save_figure, size_text
-from .run.outputs import METRICS_FILE, RESULTS_FILE, metrics_lines
+from ..errors import UsageError
+from ..files import read_json_object, save_figure, size_text
+from ..run.outputs import METRICS_FILE, RESULTS_FILE, metrics_lines
 from .tables import text_table
 
 __all__ = [
@@ -154,7 +157,7 @@ def _classes(results: dict[str, Any]) -> list[str]:
     names, n = results.get("class_names"), len(results["confusion_matrix"])
     if isinstance(names, list) and len(names) == n:
         return [str(name) for name in names]  # and the drawing process need not import torch
-    from .data.catalog import DATASETS
+    from ..data.catalog import DATASETS
 
     spec = DATASETS.get(str(results.get("dataset", "")))
     return list(spec.classes) if spec else [str(d) for d in range(n)]
@@ -233,7 +236,7 @@ def _report(args: argparse.Namespace) -> int:
         written += write_report(d)
     if args.output or len(dirs) > 1:
         written.append(plot_training_curves(dirs, args.output or COMPARISON_FILE))
-    from .report_memory import memory_table, write_memory_charts
+    from .memory import memory_table, write_memory_charts
 
     results = [load_run(d)[1] for d in dirs]
     labels = _labels(dirs, results)
@@ -260,7 +263,3 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                              f"(default with several runs: ./{COMPARISON_FILE})")  # fmt: skip
     parser.set_defaults(handler=_report)
     return parser
-
-
-if __name__ == "__main__":  # draw_in_background's process
-    write_report(sys.argv[1])

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .distributed.model_states import KINDS, NAMES
-from .files import save_figure
+from ..distributed.model_states import KINDS, NAMES
+from ..files import save_figure
 from .tables import text_table
 
 MEMORY_FILE = "memory.png"
