@@ -58,12 +58,17 @@ def test_the_recipe_step_is_captured(runs):
 
 
 def test_captured_and_eager_steps_train_alike(runs):
-    graph, eager = _rows(runs["graph"][0]), _rows(runs["eager"][0])
+    graph, eager, again = (_rows(runs[name][0]) for name in ("graph", "eager", "eager_again"))
     assert [r["step"] for r in graph] == [r["step"] for r in eager] == [65, 118, 130]
-    for g, e in zip(graph, eager, strict=True):
-        print(f"step {g['step']}: train_loss {g['train_loss']:.6f}/{e['train_loss']:.6f} "
-              f"test_accuracy {g['test_accuracy']:.4f}/{e['test_accuracy']:.4f}")  # fmt: skip
-        assert g["train_loss"] == pytest.approx(e["train_loss"], rel=2e-2)
+    for g, e, a in zip(graph, eager, again, strict=True):
+        print(
+            f"step {g['step']}: train_loss {g['train_loss']:.6f}/{e['train_loss']:.6f}/{a['train_loss']:.6f} "
+            f"test_accuracy {g['test_accuracy']:.4f}/{e['test_accuracy']:.4f}"
+        )  # captured/eager/eager again
+        # The last row averages 12 steps only: two eager runs differ there too (an H200 run saw
+        # captured/eager 2.1% apart); allowed: 2%, or three times what two eager runs differ by.
+        noise = abs(a["train_loss"] - e["train_loss"]) / e["train_loss"]
+        assert g["train_loss"] == pytest.approx(e["train_loss"], rel=max(2e-2, 3 * noise))
         assert abs(g["test_accuracy"] - e["test_accuracy"]) <= 0.005
     eager = final_weights(runs["eager"][0])
     captured, noise = drift(final_weights(runs["graph"][0]), eager), drift(final_weights(runs["eager_again"][0]), eager)
