@@ -9,7 +9,6 @@ strategy runs. What the launcher and accelerate config ask for is read in launch
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from datetime import timedelta
@@ -24,8 +23,9 @@ from ..config import TrainConfig
 from ..errors import UsageError
 from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .deepspeed_ops import align_cuda_arch_list
+from .deepspeed_plugin import fresh_json_values, process_deepspeed_plugin
 from .elastic import join_restarted_group
-from .launch_settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch, zero3_init
+from .launch_settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch
 from .launcher_watch import watch_launcher
 from .launchers import WITHOUT_DEEPSPEED, env_flag, fp16_on_cpu, process_group_of_one, started_by_deepspeed_launcher
 from .step import ddp_side_stream, direct_steps
@@ -78,13 +78,13 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
         # Our schedules count optimizer steps on one process; Accelerate's default would step
         # them num_processes times per step under DDP but once under DeepSpeed.
         step_scheduler_with_optimizer=False,
-        deepspeed_plugin=_own_deepspeed_plugin(launch),
+        deepspeed_plugin=process_deepspeed_plugin(launch),
         kwargs_handlers=handlers,
         log_with=None if config.report_to == "none" else config.report_to,
         project_dir=config.output_dir,
         **kwargs,
     )
-    _fresh_json(accelerator)
+    fresh_json_values(accelerator)
     if config.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
@@ -135,52 +135,6 @@ def _align_and_collect_notes(
     if started_by_deepspeed_launcher() and not launch.use_deepspeed:
         notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
     return notes
-
-
-# The DeepSpeed JSON the first Accelerator of this process was built with: Accelerate keeps one
-# DeepSpeed plugin a process (AcceleratorState is shared) and refuses a second.
-_PROCESS_JSON: dict[str, Any] = {}
-
-
-def _own_deepspeed_plugin(launch: LaunchSettings) -> Any:
-    """The DeepSpeedPlugin of a --deepspeed_config JSON (None where Accelerate builds its own from
-    the accelerate config, or there is no DeepSpeed): the JSON's ZeRO stage, offload, precision
-    and accumulation, its "auto" values filled as from a YAML's deepspeed_config_file.
-
-    A later run in the same process (train() called again) gets None, and Accelerate keeps the
-    first run's plugin: `_fresh_json` then gives that plugin the JSON's "auto" values again."""
-    found = launch.deepspeed_json
-    if found is None:
-        return None
-    from accelerate.state import is_initialized
-
-    if is_initialized() and _PROCESS_JSON:
-        if found.data != _PROCESS_JSON["data"]:
-            raise UsageError(
-                f"{found.label}: this process already trained under DeepSpeed config {_PROCESS_JSON['label']}, "
-                "and Accelerate keeps one DeepSpeed config a process; start a fresh process for another"
-            )
-        _PROCESS_JSON["later"] = True
-        return None
-    _PROCESS_JSON.update(data=copy.deepcopy(found.data), label=found.label, later=False)
-    if not found.own:
-        return None
-    from accelerate.utils import DeepSpeedPlugin
-
-    return DeepSpeedPlugin(hf_ds_config=copy.deepcopy(found.data), zero3_init_flag=zero3_init(found))
-
-
-def _fresh_json(accelerator: Accelerator) -> None:
-    """For a run after the first in this process: the JSON's "auto" values of its optimizer and
-    scheduler sections "auto" again, which the last run's prepare filled in place (its learning
-    rate, its schedule's length). Batch sizes, accumulation and clipping are set by every run."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is None or not _PROCESS_JSON.get("later"):
-        return
-    for section in ("optimizer", "scheduler"):
-        written = _PROCESS_JSON["data"].get(section, {}).get("params", {})
-        params = plugin.deepspeed_config.get(section, {}).get("params", {})
-        params.update({key: "auto" for key, value in written.items() if value == "auto"})
 
 
 def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: int) -> list[str]:

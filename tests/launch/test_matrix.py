@@ -17,3 +17,40 @@ GROUPS = groups("cpu")
 def test_each_cell_trains_changes_with_a_line_or_refuses_in_one(group, tmp_path):
     _seen, wrong = check_groups([group], "cpu", tmp_path)
     assert not wrong, "\n".join(wrong)
+
+
+SECOND_JSON = """
+import json, sys
+from accel_mnist import TrainConfig, train
+from accel_mnist.errors import UsageError
+from tests.matrix_worker import small_mnist
+from pathlib import Path
+root = Path(sys.argv[1])
+base = dict(max_steps=2, batch_size=32, quiet=True, plots=False, export=False, save_checkpoints=False,
+            download=False, data_dir=small_mnist(root / "mnist"))
+first = json.load(open("accelerate_configs/deepspeed_config.json"))
+other = dict(first, zero_optimization=dict(first["zero_optimization"], stage=1))
+(root / "other.json").write_text(json.dumps(other))
+runs = [("accelerate_configs/deepspeed_config.json", "a"), ("accelerate_configs/deepspeed_config.json", "b"),
+        (str(root / "other.json"), "c")]
+for path, name in runs:
+    try:
+        print(name, train(TrainConfig(**base, deepspeed_config=path, output_dir=str(root / name)))["steps"])
+    except UsageError as e:
+        print(name, "error:", e)
+"""
+
+
+@pytest.mark.slow
+def test_a_second_run_in_one_process_reuses_its_json_and_refuses_another(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    proc = subprocess.run([sys.executable, "-c", SECOND_JSON, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line[:2] in ("a ", "b ", "c ")]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert lines[:2] == ["a 2", "b 2"], proc.stdout[-2000:]
+    assert lines[2].startswith("c error: --deepspeed_config ") and "start a fresh process" in lines[2]
