@@ -15,8 +15,9 @@ prints the table docs/strategies.md holds.
 
 from __future__ import annotations
 
+import functools
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..config import TrainConfig
@@ -69,69 +70,61 @@ class Strategy:
     dynamo: bool = False  # torch.compile through dynamo, launched with --dynamo_backend (DYNAMO_BACKEND)
     own_optimizer: bool = False  # a DeepSpeed JSON with its own optimizer section
     cpu_only: bool = False  # use_cpu: the config trains on the CPU even beside a GPU
-    notes: tuple[str, ...] = field(default=())
+    gpu_only: bool = False  # FSDP, or a config that names its GPUs (gpu_ids)
 
     def runs_on(self, device: str) -> bool:
         """Whether this strategy is one that runs on `device` ("cpu" or "cuda") at all."""
-        gpu_only = self.kind in ("FSDP", "MULTI_GPU") and not self.cpu_only or self.name == "single_gpu"
-        return not (device == "cpu" and gpu_only) and not (device == "cuda" and self.cpu_only)
+        return not (device == "cpu" and self.gpu_only) and not (device == "cuda" and self.cpu_only)
 
 
-def _yaml_strategy(name: str, path: str, raw: dict[str, Any]) -> Strategy | None:
+def _yaml_strategy(name: str, path: str, raw: dict[str, Any], jsons: dict[str, Any]) -> Strategy:
     kind = str(raw.get("distributed_type", "NO"))
     launch: tuple[str, ...] = ("--config_file", path)
     if int(raw.get("num_machines", 1)) > 1:
         launch += ("--num_machines", "1")  # a multi-machine config, run on one machine
+    cpu_only = bool(raw.get("use_cpu", False))
+    gpu_only = not cpu_only and (kind == "FSDP" or "gpu_ids" in raw)
     if kind == "DEEPSPEED":
         ds = raw.get("deepspeed_config", {})
         json_path = ds.get("deepspeed_config_file")
-        own = False
-        stage = int(ds.get("zero_stage", 0))
-        if json_path:
-            data = _json(json_path)
-            stage, own = int(data.get("zero_optimization", {}).get("stage", 0)), "optimizer" in data
-        return Strategy(name, kind, launch, zero_stage=stage, own_optimizer=own)
-    if kind == "FSDP":
-        version = int(raw.get("fsdp_config", {}).get("fsdp_version", 1))
-        return Strategy(name, kind, launch, fsdp_version=version)
-    return Strategy(name, kind, launch, cpu_only=bool(raw.get("use_cpu", False)))
+        stage, own = _json_shape(jsons[json_path]) if json_path else (int(ds.get("zero_stage", 0)), False)
+        return Strategy(name, kind, launch, zero_stage=stage, own_optimizer=own, gpu_only=gpu_only)
+    version = int(raw.get("fsdp_config", {}).get("fsdp_version", 1)) if kind == "FSDP" else 0
+    return Strategy(name, kind, launch, fsdp_version=version, cpu_only=cpu_only, gpu_only=gpu_only)
 
 
-def _json(key: str) -> dict[str, Any]:
-    """A shipped DeepSpeed JSON ("accelerate_configs/NAME.json")."""
-    from pathlib import Path
-
-    from ..files import read_json_object
-    from ..shipped import shipped
-
-    return read_json_object(Path(str(shipped()[key])))
+def _json_shape(data: dict[str, Any]) -> tuple[int, bool]:
+    """A DeepSpeed JSON's ZeRO stage, and whether it brings its own optimizer."""
+    return int(data.get("zero_optimization", {}).get("stage", 0)), "optimizer" in data
 
 
 def strategies() -> list[Strategy]:
     """Every shipped accelerate config, the DeepSpeed JSONs through --deepspeed_config, and dynamo."""
+    from pathlib import Path
+
     import yaml
 
+    from ..files import read_json_object
     from ..shipped import shipped
 
-    found: list[Strategy] = []
-    jsons = []
-    for key, file in shipped().items():
-        if not key.startswith("accelerate_configs/"):
-            continue
-        name = key.split("/", 1)[1].rsplit(".", 1)[0]
-        if key.endswith(".json"):
-            jsons.append((name, key))
-            continue
-        strategy = _yaml_strategy(name, key, yaml.safe_load(file.read_text()))
-        if strategy is not None:
-            found.append(strategy)
-    for name, key in jsons:  # --deepspeed_config under a plain `python -m accel_mnist`
-        data = _json(key)
-        stage = int(data.get("zero_optimization", {}).get("stage", 0))
-        found.append(Strategy(f"--deepspeed_config {name}", "DEEPSPEED", ("python",), ("--deepspeed_config", key),
-                              zero_stage=stage, own_optimizer="optimizer" in data))  # fmt: skip
+    files = {key: file for key, file in shipped().items() if key.startswith("accelerate_configs/")}
+    jsons = {key: read_json_object(Path(str(file))) for key, file in files.items() if key.endswith(".json")}
+    found = [
+        _yaml_strategy(_stem(key), key, yaml.safe_load(file.read_text()), jsons)
+        for key, file in files.items()
+        if key not in jsons
+    ]
+    for key, data in jsons.items():  # --deepspeed_config under a plain `python -m accel_mnist`
+        stage, own = _json_shape(data)
+        found.append(Strategy(f"--deepspeed_config {_stem(key)}", "DEEPSPEED", ("python",),
+                              ("--deepspeed_config", key), zero_stage=stage, own_optimizer=own))  # fmt: skip
     found.append(Strategy("dynamo", "NO", (), dynamo=True))
     return found
+
+
+def _stem(key: str) -> str:
+    """ "zero2" for "accelerate_configs/zero2.yaml"."""
+    return key.split("/", 1)[1].rsplit(".", 1)[0]
 
 
 def precisions(strategy: Strategy) -> tuple[str, ...]:
@@ -225,10 +218,16 @@ def _float_buffers(cell: Cell) -> bool:
     """Whether the cell's model holds floating-point buffers (the registry's models, built on the CPU)."""
     if cell.name in EXTRA_CELLS:
         return False  # the own model has none; the others train the default model
+    config = cell.config()
+    return _model_has_float_buffers(config.model, config.mlp_hidden)
+
+
+@functools.cache
+def _model_has_float_buffers(name: str, mlp_hidden: str | None) -> bool:
+    # Once a model: a table asks it for every strategy and precision.
     from ..models import build_model
 
-    config = cell.config()
-    return float_buffers(build_model(config.model, config.mlp_hidden))
+    return float_buffers(build_model(name, mlp_hidden))
 
 
 def counts(device: str) -> dict[str, int]:
