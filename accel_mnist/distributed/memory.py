@@ -29,6 +29,7 @@ from accelerate import Accelerator
 
 from ..config import TrainConfig
 from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict, summary_line
+from .peak import PeakInputs, predict_peak
 from .step import torch_optimizer
 
 PEAK_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "alloc_retries", "ooms")
@@ -69,23 +70,35 @@ def setup_of(accelerator: Accelerator, strategy: dict[str, Any], config: TrainCo
 class MemoryWatch:
     """One process's model states (by kind: the latest count at rest, the gradients' most) and peaks."""
 
-    def __init__(self, accelerator: Accelerator, model: Any, optimizer: Any, predicted: dict[str, int]) -> None:
+    def __init__(self, accelerator: Accelerator, model: Any, optimizer: Any, predicted: dict[str, int | None]) -> None:
         self.accelerator, self.model, self.optimizer, self.predicted = accelerator, model, optimizer, predicted
         self.held = dict.fromkeys(KINDS, 0)
         self._host = dict.fromkeys(KINDS[:3], 0)  # the part of each kind an offload moved to host memory
         self._gradient_hooks: list[Any] = []
         self._step_hook: Any = None
+        self._step_end_hook: Any = None
         self.per_process: list[dict[str, int | None]] = []
+        # This process's allocated bytes and peak so far at the first step's moments (accelerators only):
+        # where the peak comes from, beside what predicted.peak_allocated_bytes says it should be.
+        self.moments: dict[str, dict[str, int]] = {}
+        self.numels: list[int] = []
+        self.setup: Setup | None = None
+        self.peak: PeakInputs | None = None
 
     @classmethod
     def start(
         cls, accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], numels: list[int],
-        model: Any, optimizer: Any,
+        model: Any, optimizer: Any, peak: PeakInputs | None = None,
     ) -> MemoryWatch:  # fmt: skip
-        """Predict for `numels` (trainable_numels before prepare), count once now (after `prepare`)
-        and hook the first step's two gradient moments."""
-        watch = cls(accelerator, model, optimizer, predict(numels, setup_of(accelerator, strategy, config)))
+        """Predict for `numels` (trainable_numels before prepare) and, given `peak` (peak_inputs), the
+        peak; count once now (after `prepare`) and hook the first step's two gradient moments."""
+        setup = setup_of(accelerator, strategy, config)
+        predicted: dict[str, int | None] = dict(predict(numels, setup))
+        predicted["peak_allocated_bytes"] = predict_peak(numels, setup, peak) if peak is not None else None
+        watch = cls(accelerator, model, optimizer, predicted)
+        watch.numels, watch.setup, watch.peak = numels, setup, peak  # what an out-of-memory line advises from
         watch.count(at_rest=True)
+        watch.moment("after_prepare")
         params = [p for p in model.parameters() if p.requires_grad]
         pending = {id(p) for p in params}
 
@@ -93,19 +106,36 @@ class MemoryWatch:
             pending.discard(id(param))
             if not pending:  # the backward pass's last gradient: every one is there now
                 watch.count(at_rest=False)
+                watch.moment("backward_end")
                 watch._remove_gradient_hooks()
 
         watch._gradient_hooks = [p.register_post_accumulate_grad_hook(accumulated) for p in params]
         inner = torch_optimizer(optimizer)
         if inner is not None:
             watch._step_hook = inner.register_step_pre_hook(lambda *_: watch._first_step())
+            watch._step_end_hook = inner.register_step_post_hook(lambda *_: watch._first_step_end())
         return watch
 
     def _first_step(self) -> None:
         self.count(at_rest=False)
+        self.moment("step_begin")
         self._step_hook.remove()
         self._step_hook = None
         self._remove_gradient_hooks()  # also where a gradient never came (a parameter the forward left out)
+
+    def _first_step_end(self) -> None:
+        self.moment("step_end")
+        self._step_end_hook.remove()
+        self._step_end_hook = None
+
+    def moment(self, name: str) -> None:
+        """Keep this process's allocated bytes and peak so far under `name` (the first time only; not on a CPU)."""
+        if self.accelerator.device.type == "cpu" or name in self.moments:
+            return
+        device = self.accelerator.device
+        api = _allocator(device)
+        self.moments[name] = {"allocated_bytes": int(api.memory_allocated(device)),
+                              "peak_allocated_bytes": int(api.max_memory_allocated(device))}  # fmt: skip
 
     def _remove_gradient_hooks(self) -> None:
         for handle in self._gradient_hooks:
@@ -114,6 +144,8 @@ class MemoryWatch:
 
     def count(self, at_rest: bool) -> None:
         """Count the held tensors: parameters and optimizer states when `at_rest`, the gradients' most always."""
+        if at_rest and "after_prepare" in self.moments:
+            self.moment("first_evaluation")  # at rest again only as an evaluation begins
         tally = _Tally(self.accelerator.device)
         _count_holders(tally, self.model, self.optimizer)
         for kind in KINDS[:3]:
@@ -143,7 +175,10 @@ class MemoryWatch:
 
     def results(self) -> dict[str, Any]:
         """results.json's `memory`: every process's counts and peaks, and the prediction."""
-        return {"per_process": self.per_process, "predicted": dict(self.predicted)}
+        out = {"per_process": self.per_process, "predicted": dict(self.predicted)}
+        if self.moments:
+            out["moments"] = dict(self.moments)
+        return out
 
     def summary(self) -> str:
         """One line: the model states of the process that holds most, measured and predicted, and the peak."""
@@ -156,7 +191,7 @@ def peaks(device: torch.device) -> dict[str, int | None]:
     out["peak_rss_bytes"] = peak_rss_bytes()
     if device.type == "cpu":
         return out
-    api = torch.accelerator if hasattr(torch.accelerator, "max_memory_allocated") else getattr(torch, device.type)
+    api = _allocator(device)
     stats = api.memory_stats(device)
     out.update(
         peak_allocated_bytes=int(api.max_memory_allocated(device)),
@@ -165,6 +200,11 @@ def peaks(device: torch.device) -> dict[str, int | None]:
         ooms=int(stats.get("num_ooms", 0)),
     )
     return out
+
+
+def _allocator(device: torch.device) -> Any:
+    """torch.accelerator where it has the memory API (torch >= 2.8), else torch.cuda and the like."""
+    return torch.accelerator if hasattr(torch.accelerator, "max_memory_allocated") else getattr(torch, device.type)
 
 
 def peak_rss_bytes() -> int:

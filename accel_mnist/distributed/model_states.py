@@ -35,6 +35,17 @@ NAMES = ("parameters", "gradients", "optimizer states", "offloaded")
 FP32 = 4
 PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's stage3_param_persistence_threshold default
 
+# Each strategy as a launch with one of accelerate_configs/ sets it up.
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "ddp": {"family": "replicated"},
+    "zero1": {"family": "deepspeed", "zero_stage": 1},
+    "zero2": {"family": "deepspeed", "zero_stage": 2},
+    "zero3": {"family": "deepspeed", "zero_stage": 3},
+    "zero2_offload": {"family": "deepspeed", "zero_stage": 2, "offload_optimizer": True},
+    "zero3_offload": {"family": "deepspeed", "zero_stage": 3, "offload_optimizer": True, "offload_param": True},
+    "fsdp": {"family": "fsdp"},
+    "fsdp_offload": {"family": "fsdp", "offload_param": True},
+}
 # fp32 state tensors per parameter that each optimizer keeps (torch's; DeepSpeed's CPU Adam alike).
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "adadelta": 2, "sgd": 1, "sgd_no_momentum": 0}
 
@@ -152,8 +163,10 @@ def summary_line(memory: dict[str, Any]) -> str:
     )
     allocated = [r["peak_allocated_bytes"] for r in rows if r["peak_allocated_bytes"] is not None]
     rss = [r["peak_rss_bytes"] for r in rows if r["peak_rss_bytes"] is not None]
+    expected_peak = predicted.get("peak_allocated_bytes")
     peak = (
         f"peak {format_bytes(max(allocated))} allocated"
+        + (f" ({format_bytes(expected_peak)} predicted)" if expected_peak else "")
         if allocated
         else f"peak RSS {format_bytes(max(rss, default=None))}"
     )

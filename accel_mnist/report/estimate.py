@@ -1,53 +1,76 @@
-"""`accel-mnist estimate`: the model states each process holds under every strategy, before any run.
+"""`accel-mnist estimate`: what each process holds under every strategy, and its peak, before any run.
 
     accel-mnist estimate --model mlp --mlp-hidden 4096,4096,4096,4096,4096,4096,4096,4096
+    accel-mnist estimate --model bncnn --batch-size 8192 --fits 8e9
+    accel-mnist estimate --model mypackage.models:build --fits        # a model of your own; the visible GPU
     accel-mnist estimate --parameters 1.2e9 --num-processes 16 --num-nodes 2 --json
 
-The numbers are those of model_states.predict, the code that also fills `predicted` in a run's
-results.json: for the same model, strategy, processes, precision and optimizer the two agree.
+The model states are model_states.predict's and the peak peak.predict_peak's, the code that
+also fills `predicted` in a run's results.json: for the same model, strategy, processes,
+precision, optimizer and batch the two agree. `--fits` answers which strategies fit a GPU and
+the largest batch per process each could take.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from typing import Any
 
-from ..distributed.model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict
+from ..distributed.model_states import (
+    KINDS,
+    OPTIMIZER_STATES,
+    PERSISTENCE_THRESHOLD,
+    STRATEGIES,
+    Setup,
+    format_bytes,
+    predict,
+)  # fmt: skip
+from ..distributed.peak import PeakInputs, fits, largest_batch, predict_peak
+from ..distributed.peak_inputs import TRACE_ERRORS, inputs_for
 from ..errors import UsageError
 from .tables import text_table
 
-# Each strategy as a launch with one of accelerate_configs/ sets it up.
-STRATEGIES: dict[str, dict[str, Any]] = {
-    "ddp": {"family": "replicated"},
-    "zero1": {"family": "deepspeed", "zero_stage": 1},
-    "zero2": {"family": "deepspeed", "zero_stage": 2},
-    "zero3": {"family": "deepspeed", "zero_stage": 3},
-    "zero2_offload": {"family": "deepspeed", "zero_stage": 2, "offload_optimizer": True},
-    "zero3_offload": {"family": "deepspeed", "zero_stage": 3, "offload_optimizer": True, "offload_param": True},
-    "fsdp": {"family": "fsdp"},
-    "fsdp_offload": {"family": "fsdp", "offload_param": True},
-}
+# What the device loader holds for MNIST-sized data: 70,000 images as fp32 (normalised once) and int64 labels.
+MNIST_DEVICE_BYTES = 70_000 * (28 * 28 * 4 + 8)
+
 PRECISIONS = ("no", "fp16", "bf16")
 
 
-def model_numels(model: str, mlp_hidden: str | None = None) -> list[int]:
-    """Elements of each trainable parameter tensor of a built-in model (built on the meta device: no memory)."""
+def meta_model(model: str, mlp_hidden: str | None = None) -> Any:
+    """A built-in model, or `package.module:callable`'s, built on the meta device (no memory, no weights)."""
     import torch
 
     from ..models import build_model
 
     with torch.device("meta"):
-        module = build_model(model, mlp_hidden)
-    return [p.numel() for p in module.parameters() if p.requires_grad]
+        if ":" not in model:
+            return build_model(model, mlp_hidden)
+        path, _, name = model.partition(":")
+        try:
+            factory = getattr(importlib.import_module(path), name)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(f"--model {model}: cannot import it ({exc})") from None
+        module = factory()
+    if not isinstance(module, torch.nn.Module):
+        raise UsageError(f"--model {model}: {name}() returned a {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def model_numels(model: str, mlp_hidden: str | None = None) -> list[int]:
+    """Elements of each trainable parameter tensor of a model (built on the meta device: no memory)."""
+    return [p.numel() for p in meta_model(model, mlp_hidden).parameters() if p.requires_grad]
 
 
 def estimate(
     numels: list[int], *, num_processes: int = 1, num_nodes: int = 1, mixed_precision: str = "fp16",
     optimizer: str = "adam", momentum: float = 0.9, on_accelerator: bool = True,
     persistence_threshold: int = PERSISTENCE_THRESHOLD, strategies: list[str] | None = None,
+    peak: PeakInputs | None = None, capacity: int | None = None,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """Per strategy: the bytes per process by kind, on the device in all, and in host memory per node."""
+    """Per strategy: the bytes per process by kind, on the device in all, and in host memory per node;
+    given `peak`, the predicted peak, and given `capacity` too, whether it fits and the largest batch that does."""
     if num_processes < 1 or num_nodes < 1 or num_processes % num_nodes:
         raise UsageError(f"--num-processes {num_processes} must be a positive multiple of --num-nodes {num_nodes}")
     name = "sgd_no_momentum" if optimizer == "sgd" and not momentum else optimizer
@@ -62,6 +85,12 @@ def estimate(
         kinds = predict(numels, setup)
         out[strategy] = {"label": setup.label, **kinds, "device_bytes": sum(kinds[k] for k in KINDS[:3]),
                          "host_bytes_per_node": kinds["offloaded_bytes"] * (num_processes // num_nodes)}  # fmt: skip
+        if peak is not None and on_accelerator:
+            peak_bytes = predict_peak(numels, setup, peak)
+            out[strategy]["peak_allocated_bytes"] = peak_bytes
+            if capacity is not None:
+                out[strategy]["fits"] = fits(peak_bytes, capacity)
+                out[strategy]["largest_batch"] = largest_batch(numels, setup, peak, capacity)
     return out
 
 
@@ -73,30 +102,72 @@ def _gib(value: int) -> str:
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
     """The estimate as a text table (GiB, or MiB where marked 'Mi')."""
-    header = ("strategy", "", "parameters", "gradients", "optimizer states", "on device", "offloaded", "host/node")
+    header: tuple[str, ...] = ("strategy", "", "parameters", "gradients", "optimizer states", "on device",
+                               "offloaded", "host/node")  # fmt: skip
+    first = next(iter(rows.values()), {})
+    header += ("peak",) * ("peak_allocated_bytes" in first) + ("fits", "largest batch") * ("fits" in first)
     lines = [header]
     for name, row in rows.items():
-        lines.append((name, row["label"], *(_gib(row[k]) for k in (*KINDS[:3], "device_bytes", "offloaded_bytes",
-                                                                   "host_bytes_per_node"))))  # fmt: skip
+        cells = [name, row["label"], *(_gib(row[k]) for k in (*KINDS[:3], "device_bytes", "offloaded_bytes",
+                                                              "host_bytes_per_node"))]  # fmt: skip
+        if "peak_allocated_bytes" in row:
+            cells.append(_gib(row["peak_allocated_bytes"]))
+        if "fits" in row:
+            cells += ["yes" if row["fits"] else "no", f"{row['largest_batch']:,}"]
+        lines.append(tuple(cells))
     return text_table(lines, left=2)
 
 
-def _count(text: str) -> int:
+def gpu_capacity(text: str) -> int:
+    """--fits's bytes: a number (8e9, 80GiB-style suffixes not taken), or 'gpu' for the visible GPU's
+    memory less what its CUDA context takes (about 0.5 GiB, outside the allocator)."""
+    if text == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--fits: no GPU is visible here; give the GPU's memory in bytes, e.g. --fits 80e9")
+        return int(torch.cuda.get_device_properties(0).total_memory) - (512 << 20)
+    value = _count(text, "--fits", "a number of bytes (e.g. 80e9)")
+    return value
+
+
+def _count(text: str, flag: str = "--parameters", what: str = "a number of parameters (e.g. 1.2e9)") -> int:
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"--parameters: expected a number of parameters (e.g. 1.2e9), got {text!r}") from None
-    if not value >= 1 or value != value:
-        raise UsageError(f"--parameters: must be >= 1, got {text!r}")
+        raise UsageError(f"{flag}: expected {what}, got {text!r}") from None
+    if not value >= 1 or value != value or value == float("inf"):
+        raise UsageError(f"{flag}: must be >= 1, got {text!r}")
     return int(value)
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    peak, capacity = None, None
+    if args.batch_size < 1 or args.eval_batch_size < 1:
+        raise UsageError("--batch-size and --eval-batch-size must be >= 1")
     if args.parameters is not None:
+        if args.fits is not None:
+            raise UsageError("--fits needs --model: the peak depends on the model's activations, not only its size")
         numels, what = [_count(args.parameters)], "parameters (one tensor: no ZeRO-3 persistent ones)"
     else:
-        numels = model_numels(args.model, args.mlp_hidden)
+        module = meta_model(args.model, args.mlp_hidden)
+        numels = [p.numel() for p in module.parameters() if p.requires_grad]
         what = f"parameters ({args.model}" + (f" {args.mlp_hidden}" if args.mlp_hidden else "") + ")"
+        if not args.cpu:
+            data = MNIST_DEVICE_BYTES if args.data_loader == "device" else 0
+            try:
+                peak = inputs_for(
+                    module,
+                    batch_size=args.batch_size,
+                    eval_batch_size=args.eval_batch_size,
+                    mixed_precision=args.mixed_precision,
+                    optimizer=args.optimizer,
+                    data_bytes=data,
+                )
+            except TRACE_ERRORS as exc:
+                raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") \
+                    from None  # fmt: skip
+            capacity = gpu_capacity(args.fits) if args.fits is not None else None
     strategies = args.strategy.split(",") if args.strategy else None
     unknown = sorted(set(strategies or []) - set(STRATEGIES))
     if unknown:
@@ -104,7 +175,7 @@ def _estimate(args: argparse.Namespace) -> int:
     rows = estimate(numels, num_processes=args.num_processes, num_nodes=args.num_nodes,
                     mixed_precision=args.mixed_precision, optimizer=args.optimizer, momentum=args.momentum,
                     on_accelerator=not args.cpu, persistence_threshold=args.persistence_threshold,
-                    strategies=strategies)  # fmt: skip
+                    strategies=strategies, peak=peak, capacity=capacity)  # fmt: skip
     if args.json:
         facts = {
             "num_parameters": sum(numels),
@@ -113,25 +184,40 @@ def _estimate(args: argparse.Namespace) -> int:
             "mixed_precision": args.mixed_precision,
             "optimizer": args.optimizer,
             "on_accelerator": not args.cpu,
+            "batch_size": args.batch_size,
+            "eval_batch_size": args.eval_batch_size,
+            "capacity_bytes": capacity,
         }
         print(json.dumps({**facts, "per_process": rows}, indent=2, sort_keys=True))  # fmt: skip
         return 0
     print(f"{sum(numels):,} {what}; {args.num_processes} process(es) on {args.num_nodes} node(s), "
-          f"{args.mixed_precision}, {args.optimizer}; bytes per process in GiB, host memory per node last")  # fmt: skip
+          f"{args.mixed_precision}, {args.optimizer}; bytes per process in GiB, host memory per node, "
+          f"then the peak allocated on the GPU at batch {args.batch_size}")  # fmt: skip
     print(table(rows))
+    if capacity is not None:
+        fitting = [name for name, row in rows.items() if row["fits"]]
+        print(
+            f"fits in {format_bytes(capacity)} (a peak of at most 90% of it) at batch {args.batch_size}: "
+            + (", ".join(fitting) if fitting else "none; the largest batch column says what would")
+        )
     return 0
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `estimate` to the CLI's subparsers (handler: args.handler)."""
     parser = subparsers.add_parser(
-        "estimate", help="model states per process under DDP, ZeRO-1/2/3, offload and FSDP",
+        "estimate", help="model states and the peak per process under DDP, ZeRO-1/2/3, offload and FSDP",
         description="Parameters, gradients and optimizer states (fp32 master copies included) that each process "
-        "holds for a model under every strategy, by the ZeRO paper's accounting and DeepSpeed's own copies; the same "
-        "numbers as `predicted` in a run's results.json. Activations and communication buckets come on top.",
+        "holds for a model under every strategy, by the ZeRO paper's accounting and DeepSpeed's own copies, and the "
+        "peak allocated on the GPU (activations traced on the meta device, DeepSpeed's buckets, workspaces); the same "
+        "numbers as `predicted` in a run's results.json. --fits: which strategies fit a GPU, the largest batch each.",
     )  # fmt: skip
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--model", default="mlp", help="a built-in model (default: mlp)")
+    which.add_argument(
+        "--model",
+        default="mlp",
+        help="a built-in model, or package.module:callable returning your nn.Module (default: mlp)",
+    )
     which.add_argument("--parameters", metavar="N", help="a parameter count instead of a model, e.g. 1.2e9")
     parser.add_argument("--mlp-hidden", default=None, metavar="W,W,...", help="the mlp's hidden widths")
     parser.add_argument("--num-processes", type=int, default=1, help="processes in all, over every node (default 1)")
@@ -144,6 +230,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--cpu", action="store_true", help="processes on CPUs: host memory is their memory")
     parser.add_argument("--persistence-threshold", type=int, default=PERSISTENCE_THRESHOLD,
                         help="ZeRO-3's stage3_param_persistence_threshold (default 1e5)")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=64, help="training batch per process (default 64)")
+    parser.add_argument("--eval-batch-size", type=int, default=1000, help="evaluation batch per process")
+    parser.add_argument(
+        "--data-loader",
+        choices=("device", "torch"),
+        default="device",
+        help="device: the whole MNIST-sized split on the GPU (the default on a GPU that holds it)",
+    )
+    parser.add_argument("--fits", nargs="?", const="gpu", metavar="BYTES",
+                        help="which strategies fit a GPU of BYTES (default: the visible GPU), and each one's "
+                        "largest batch per process")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.set_defaults(handler=_estimate)
     return parser

@@ -61,6 +61,13 @@ class Loaders:
                           num_workers=config.num_workers, persistent_workers=config.num_workers > 0)  # fmt: skip
         self.train, self.test = accelerator.prepare(train, test)
 
+    def device_bytes(self) -> int:
+        """Bytes the loaders hold on the device for the whole run: both splits on the device path, else 0."""
+        if self.kind != "device":
+            return 0
+        held = (self.train.images, self.train.labels, self.test.images, self.test.labels)
+        return sum(t.untyped_storage().nbytes() for t in held)
+
     def rehearse(self) -> None:
         """Build one training batch the way the device path does, outside the clock (see
         prewarm); the torch path's batches come from the CPU, with nothing to rehearse."""

@@ -26,6 +26,7 @@ from ..distributed.option_rules import (
     float_buffers,
     tell_change,
 )
+from ..distributed.peak_inputs import run_inputs
 from ..distributed.strategy import check_model, prepare, strategy_fields
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
@@ -94,10 +95,11 @@ def start_run(
     if config.prewarm:
         facts["prewarm_seconds"] = _prewarm_copy(accelerator, config, model, run_data, data, state)
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
+    peak = run_inputs(accelerator, config, strategy, model, run_data.train.input_shape, data.device_bytes())
     model, optimizer, scheduler = _prepare(
         accelerator, config, model, state, steps_per_epoch, resume, saved_strategy, facts
     )
-    memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer)
+    memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer, peak)
     if resume:
         _resume(accelerator, config, resume, rng_states, state)
     cadence = Cadence.of(config, state.total_steps)

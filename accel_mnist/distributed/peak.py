@@ -1,0 +1,133 @@
+"""The peak allocated bytes of one process on its accelerator, predicted before the run.
+
+The peak is the largest of three moments, each over what is at rest on the device (the data a
+device loader holds, the CUDA libraries' workspaces, the model states that outlive a step):
+
+* the forward and backward pass: the activations (activations.py traces them), the gradients
+  as the backward pass makes them, autocast's 16-bit copies of the weights, DeepSpeed's reduce
+  bucket (`reduce_bucket_size` elements, allocated as the backward pass begins), the
+  parameters ZeRO-3 gathers and FSDP unshards;
+* the optimizer step: the gradients at their most (model_states.py) and the temporaries of
+  torch's multi-tensor Adam (a full-size fp32 list: `_foreach_sqrt` of the second moments);
+  the first step also creates Adam's states, which then stay;
+* an evaluation batch's forward pass, without gradients.
+
+Each term follows DeepSpeed 0.19's and torch's code and was checked against the H200 suite
+(benchmarks/results/h200-2026-12-03-peak*/; docs/memory.md): one process per GPU there, so the
+terms for several processes (DDP's buckets, gathering and unsharding across ranks) follow the
+code and are not measured yet. Two numbers are fitted, not derived: the workspaces cuBLAS and
+the allocator keep after the first step (66 MiB on the H200) and an allowance for cuDNN's
+convolution workspace (32 MiB where the model has a convolution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from .model_states import FP32, KINDS, Setup, predict
+
+MIB = 1 << 20
+WORKSPACES = 66 * MIB  # measured: allocated after the first step beyond the data and the states (H200)
+CONV_WORKSPACE = 32 * MIB  # fitted: cuDNN's convolution workspace, where the model convolves
+REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
+MAX_LIVE = 1_000_000_000  # DeepSpeed's stage3_max_live_parameters default (elements)
+# A prediction fits when it is at most this share of the memory: room for the allocator's
+# fragmentation (reserved above allocated) and the prediction's error (within 10% on the suite).
+FIT_SHARE = 0.9
+BATCH_LIMIT = 1 << 20
+# Full-size fp32 temporaries of one torch optimizer step (foreach implementation), per parameter.
+STEP_TEMPORARIES = {"adam": 1, "adamw": 1, "adadelta": 1, "sgd": 0, "sgd_no_momentum": 0}
+
+
+@dataclass(frozen=True)
+class PeakInputs:
+    """What the peak depends on besides the model states' Setup."""
+
+    train_activation_bytes: int
+    eval_activation_bytes: int
+    data_bytes: int = 0  # what the data loader holds on the device (the whole splits, or nothing)
+    cast_numel: int = 0  # elements of the weights autocast casts (Linear, Conv): its cache while autocast runs
+    convolves: bool = False
+    optimizer: str = "adam"
+    reduce_bucket_size: int = REDUCE_BUCKET
+    reduce_buckets: int = 1  # ZeRO-1/2 double their bucket under overlap_comm
+    max_live_parameters: int = MAX_LIVE
+    cuda_graph: bool = False  # not a term: measured +66 MiB over eager at bncnn b512, not modelled yet
+    traced_batch: int = 1  # the batch the training activations were traced at
+
+    def at_batch(self, batch: int) -> PeakInputs:
+        """The same run at another per-process batch: the training activations scale with it."""
+        return replace(self, train_activation_bytes=self.train_activation_bytes * batch // self.traced_batch,
+                       traced_batch=batch)  # fmt: skip
+
+
+def _width(setup: Setup) -> int:
+    return 2 if setup.mixed_precision in ("fp16", "bf16", "fp8") else FP32
+
+
+def phases(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> dict[str, int]:
+    """Bytes on the device at rest and at each moment's peak (the largest is the prediction)."""
+    psi, n, w = sum(numels), max(setup.num_processes, 1), _width(setup)
+    states = predict(numels, setup)
+    params, grads, optim = (states[k] for k in KINDS[:3])
+    temp = 0 if setup.offload_optimizer else STEP_TEMPORARIES.get(inputs.optimizer, 1) * FP32 * psi // n
+    base = inputs.data_bytes + (WORKSPACES if setup.on_accelerator else 0)
+    base += CONV_WORKSPACE if inputs.convolves and setup.on_accelerator else 0
+    act, act_eval = inputs.train_activation_bytes, inputs.eval_activation_bytes
+    rest = params + optim
+    if setup.family == "deepspeed":
+        bucket = inputs.reduce_bucket_size * w  # ZeRO-3 allocates one, whatever overlap_comm says
+        if setup.zero_stage == 3:
+            # The reduce bucket lives for the whole run, and the 16-bit gradient partition where the
+            # optimizer stays on the device; parameters another rank or the host holds are gathered
+            # for the passes, up to max_live_parameters.
+            rest += bucket + (0 if setup.offload_optimizer else w * psi // n)
+            gathered = w * min(psi, inputs.max_live_parameters) if (n > 1 or setup.offload_param) else 0
+            # Offloading, the largest tensor is on the device in four forms at once as its gradient
+            # goes to the host: 16-bit parameter, the next one prefetched, 16-bit gradient and its
+            # fp32 copy (fitted: 10.2-11.5 bytes an element over the suite's mlps, 10 is this sum).
+            in_flight = (3 * w + FP32) * max(numels, default=0) if setup.offload_param else 0
+            train = rest + gathered + in_flight + act
+            evaluate = rest + gathered + act_eval
+            step = params + optim + bucket + grads + temp
+        else:
+            own_grads = w * psi if setup.zero_stage <= 1 else w * psi // n
+            train = rest + inputs.reduce_buckets * bucket + own_grads + act
+            evaluate = rest + act_eval
+            step = rest + grads + temp
+    elif setup.family == "fsdp":
+        # NO_WRAP: one unit, so the whole model is unsharded (and its 16-bit gradients) for the passes.
+        train = rest + grads + 2 * w * psi + act
+        evaluate = rest + w * psi + act_eval
+        step = rest + grads + temp
+    else:
+        cast = 2 * inputs.cast_numel if setup.mixed_precision in ("fp16", "bf16") else 0
+        buckets = FP32 * psi if n > 1 else 0  # DDP's flat gradient buckets beside .grad
+        train = rest + grads + cast + act + buckets
+        evaluate = rest + act_eval
+        step = rest + grads + temp + buckets
+    return {"at_rest": base + rest, "train": base + train, "step": base + step, "evaluate": base + evaluate}
+
+
+def predict_peak(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> int:
+    """Predicted peak allocated bytes of one process on its accelerator."""
+    moments = phases(numels, setup, inputs)
+    return max(moments["train"], moments["step"], moments["evaluate"])
+
+
+def fits(peak: int, capacity: int) -> bool:
+    """Whether a predicted peak fits `capacity` bytes with FIT_SHARE's room."""
+    return peak <= FIT_SHARE * capacity
+
+
+def largest_batch(numels: Sequence[int], setup: Setup, inputs: PeakInputs, capacity: int) -> int:
+    """The largest per-process batch whose predicted peak fits `capacity` (0: not even one sample)."""
+    low, high = 0, BATCH_LIMIT
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(predict_peak(numels, setup, inputs.at_batch(middle)), capacity):
+            low = middle
+        else:
+            high = middle - 1
+    return low

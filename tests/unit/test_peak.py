@@ -1,0 +1,159 @@
+"""The peak prediction: activations traced on the meta device, the peak's moments, `estimate --fits`,
+and the one line a run ends with out of memory (the run itself: tests/e2e/test_checkpoint.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from accel_mnist.cli import main
+from accel_mnist.distributed.activations import trace
+from accel_mnist.distributed.model_states import STRATEGIES, Setup
+from accel_mnist.distributed.peak import FIT_SHARE, MIB, WORKSPACES, PeakInputs, largest_batch, phases, predict_peak
+from accel_mnist.distributed.peak_inputs import inputs_for
+from accel_mnist.models import build_model
+from accel_mnist.report.estimate import MNIST_DEVICE_BYTES, meta_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_model() -> nn.Module:
+    """`estimate --model tests.unit.test_peak:tiny_model` builds this."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def test_the_seed_linear_models_activations_are_its_input_and_logits():
+    # fp32 at batch 4: the input (saved by addmm for the weight's gradient) and the logits, then
+    # the backward pass holds the input and the logits' gradient: 4*784*4 + 4*10*4 bytes.
+    traced = trace(build_model("linear"), (1, 28, 28), 4, 2)
+    assert traced.train_bytes == 4 * 784 * 4 + 4 * 10 * 4
+    assert traced.eval_bytes == 2 * 784 * 4 + 2 * 10 * 4
+
+
+@pytest.mark.parametrize("name", ["bncnn", "cnn", "lenet5", "mlp"])
+def test_activations_scale_with_the_batch_and_halve_in_16_bit(name):
+    model = build_model(name)
+    small, large = (trace(model, (1, 28, 28), b, 100, torch.bfloat16) for b in (64, 128))
+    # BatchNorm's per-channel statistics (a few kB) are all that does not grow with the batch.
+    assert abs(large.train_bytes - 2 * small.train_bytes) <= 4096 and large.eval_bytes == small.eval_bytes
+    fp32 = trace(model, (1, 28, 28), 64, 100)
+    # Floats halve; max-pool indices (int64) and dropout masks (bool) do not.
+    assert small.train_bytes < fp32.train_bytes <= 2 * small.train_bytes
+
+
+def test_tracing_leaves_the_model_its_statistics_and_the_random_stream_alone():
+    model = build_model("bncnn").eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    trace(model, (1, 28, 28), 32, 32, torch.float16)
+    assert not model.training and torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(before[k], v) and v.device.type == "cpu" for k, v in model.state_dict().items())
+
+
+def test_the_peak_is_the_optimizer_step_for_a_large_mlp_as_the_h200_measured():
+    # The 121M mlp on one GPU under bf16 autocast: the first Adam step holds fp32 parameters,
+    # gradients, both moments and one full-size temporary: 20 bytes a parameter over the data and
+    # the workspaces (benchmarks/results/h200-2026-12-03-peak: 2579 MiB measured).
+    module = meta_model("mlp", ",".join(["4096"] * 8))
+    numels = [p.numel() for p in module.parameters()]
+    inputs = inputs_for(module, batch_size=64, eval_batch_size=1000, mixed_precision="bf16", optimizer="adam",
+                        data_bytes=MNIST_DEVICE_BYTES)  # fmt: skip
+    moments = phases(numels, Setup(mixed_precision="bf16"), inputs)
+    assert max(moments.values()) == moments["step"] == MNIST_DEVICE_BYTES + WORKSPACES + 20 * sum(numels)
+    assert round(moments["step"] / MIB) == 2579
+    # ZeRO-3 (fp16): 16-bit parameters and gradient partition, master and moments, the reduce bucket
+    # for the whole run, and at the step the fp32 gradient and the temporary: 24 bytes + the bucket.
+    zero3 = phases(numels, Setup("deepspeed", zero_stage=3, mixed_precision="fp16"), inputs)["step"]
+    assert zero3 == MNIST_DEVICE_BYTES + WORKSPACES + 24 * sum(numels) + 2 * 500_000_000
+
+
+def test_deepspeeds_json_buckets_and_overlap_count():
+    module = meta_model("linear")
+    numels = [p.numel() for p in module.parameters()]
+    zero = {"reduce_bucket_size": 200_000_000, "overlap_comm": True}
+    inputs = inputs_for(module, batch_size=64, eval_batch_size=1000, mixed_precision="fp16", optimizer="adam",
+                        data_bytes=0, zero=zero)  # fmt: skip
+    default = replace(inputs, reduce_bucket_size=500_000_000, reduce_buckets=1)
+    setup = Setup("deepspeed", zero_stage=2, mixed_precision="fp16")
+    assert predict_peak(numels, setup, default) - predict_peak(numels, setup, inputs) == 2 * (5e8 - 4e8)
+
+
+def test_the_largest_batch_is_the_boundary_of_the_prediction():
+    module = meta_model("bncnn")
+    numels = [p.numel() for p in module.parameters()]
+    inputs = inputs_for(module, batch_size=512, eval_batch_size=1000, mixed_precision="bf16", optimizer="adam",
+                        data_bytes=MNIST_DEVICE_BYTES)  # fmt: skip
+    setup, capacity = Setup(mixed_precision="bf16"), 2 << 30
+    batch = largest_batch(numels, setup, inputs, capacity)
+    assert 1000 < batch < 20_000
+    assert predict_peak(numels, setup, inputs.at_batch(batch)) <= FIT_SHARE * capacity
+    assert predict_peak(numels, setup, inputs.at_batch(batch + 1)) > FIT_SHARE * capacity
+    assert largest_batch(numels, setup, inputs, 100 * MIB) == 0  # the data alone is more
+
+
+def test_estimate_fits_names_the_strategies_and_their_largest_batch(capsys):
+    argv = ["estimate", "--model", "bncnn", "--batch-size", "8192", "--num-processes", "1", "--fits", "4e9"]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["per_process"]
+    assert set(rows) == set(STRATEGIES)
+    for row in rows.values():
+        assert row["fits"] == (row["peak_allocated_bytes"] <= FIT_SHARE * 4e9)
+        assert row["fits"] == (row["largest_batch"] >= 8192)
+    # ZeRO's reduce bucket (1e9 bytes at fp16) costs DDP's batch room.
+    assert rows["ddp"]["largest_batch"] > rows["zero2"]["largest_batch"] > 0
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "largest batch" in printed and "fits in 3.73 GiB" in printed
+
+
+def test_estimate_takes_a_model_by_import_path(capsys):
+    assert main(["estimate", "--model", "tests.unit.test_peak:tiny_model", "--strategy", "ddp", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["num_parameters"] == 784 * 32 + 32 + 32 * 10 + 10
+    assert printed["per_process"]["ddp"]["peak_allocated_bytes"] > MNIST_DEVICE_BYTES
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parameters", "1e9", "--fits", "8e9"], "--fits needs --model"),
+    (["--model", "bncnn", "--fits", "lots"], "--fits: expected a number of bytes"),
+    (["--model", "no_such_module:build"], "--model no_such_module:build: cannot import it"),
+    (["--model", "bncnn", "--batch-size", "0"], "--batch-size and --eval-batch-size must be >= 1"),
+])  # fmt: skip
+def test_estimate_refuses_what_it_cannot_answer_in_one_line(capsys, argv, message):
+    assert main(["estimate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+def test_estimate_fits_without_a_number_needs_a_gpu(capsys):
+    assert main(["estimate", "--model", "bncnn", "--fits"]) == 2
+    assert "no GPU is visible here" in capsys.readouterr().err
+
+
+def test_the_cast_cache_counts_only_under_autocast():
+    numels = [1_000_000]
+    inputs = PeakInputs(train_activation_bytes=0, eval_activation_bytes=0, cast_numel=1_000_000)
+    fp32, bf16 = (phases(numels, Setup(mixed_precision=p), inputs)["train"] for p in ("no", "bf16"))
+    assert bf16 - fp32 == 2 * 1_000_000
+    assert math.isclose(FIT_SHARE, 0.9)
+
+
+def test_every_row_of_the_h200_suite_is_predicted_within_ten_percent():
+    # The committed measurements (benchmarks/results/h200-2026-12-03-peak), predicted again by this
+    # code from each row's command: a change to the prediction that moves a row off is caught here.
+    from benchmarks.peak_suite import measured_peak, predict_row
+
+    rows = json.loads((ROOT / "benchmarks/results/h200-2026-12-03-peak/peak_suite.json").read_text())["rows"]
+    assert len(rows) == 84 and all(r["rc"] == 0 for r in rows)
+    for row in rows:
+        predicted = predict_row(row)
+        assert abs(measured_peak(row) / predicted - 1) <= 0.10, row["name"]
+        if "--cuda-graph" not in row["cmd"]:  # the run predicted what the estimate predicts
+            assert predicted == row["memory"]["predicted"]["peak_allocated_bytes"], row["name"]
