@@ -1,7 +1,7 @@
 """Errors that mean "the user asked for something that cannot work", or "the storage refused".
 
 The CLI turns every `UsageError` into one `error: ...` line on stderr and its `exit_code`
-(2, or 74 for a `StorageError`); anything else is a bug and keeps its traceback.
+(2, 74 for a `StorageError`, 3 for `OutOfMemory`); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import re
 # sysexits.h's EX_IOERR: a file could not be written. Not EX_TEMPFAIL (75, preemption): a
 # requeue script that retries at once would only fill the same disk again.
 EXIT_STORAGE = 74
+# The accelerator ran out of memory: not bad input as such, and not worth a retry at the same settings.
+EXIT_OUT_OF_MEMORY = 3
 
 
 class UsageError(Exception):
@@ -39,6 +41,12 @@ class StorageError(UsageError):
     failing or refuses us. Reported like bad input (one line), with an exit code of its own."""
 
     exit_code = EXIT_STORAGE
+
+
+class OutOfMemory(UsageError):
+    """The accelerator's memory ran out: one line with what was needed, what there was and what would fit."""
+
+    exit_code = EXIT_OUT_OF_MEMORY
 
 
 def error_for(message: str, exit_code: int) -> UsageError:

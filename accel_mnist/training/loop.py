@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from ..distributed.option_rules import eager_line
+from ..distributed.out_of_memory import out_of_memory_error
 from ..distributed.strategy import build_accelerator
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
@@ -60,6 +61,8 @@ def train(
         accelerator = build_accelerator(config, announce=True)
     except UsageError as e:  # from the launch's settings, which every process reads alike
         raise on_every_rank(e) from None
+    parts: RunParts | dict | None = None
+    run: TrainingRun | None = None
     try:
         with StopSignals() as stop, RunDir(accelerator, config) as run_dir:
             parts = start_run(accelerator, config, model, stop, run_dir, own)
@@ -68,6 +71,11 @@ def train(
             run = TrainingRun(**vars(parts))
             run.fit()
             return run.finish(start, plots_in_background)
+    except torch.OutOfMemoryError:
+        watch = parts.memory if isinstance(parts, RunParts) else None
+        step = run.state.step if run is not None else None
+        raise out_of_memory_error(accelerator, config.batch_size, watch, step,
+                                  run.last_checkpoint if run is not None else None) from None  # fmt: skip
     finally:
         end_run(accelerator)
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from accel_mnist import TrainConfig, train
-from accel_mnist.errors import NonFiniteLossError, UsageError
+from accel_mnist.errors import EXIT_OUT_OF_MEMORY, NonFiniteLossError, OutOfMemory, UsageError
 from accel_mnist.run import checkpoint as ckpt
 from tests.helpers import run_command
 
@@ -79,6 +79,32 @@ def test_persistent_nan_stops_and_keeps_the_last_good_checkpoint(config):
     assert last.name == "step_20"
     weights = load_file(next(last.glob("*.safetensors")))
     assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+class OutOfMemoryAt(nn.Module):
+    """A linear model whose `bad_from`-th training forward runs out of (accelerator) memory."""
+
+    def __init__(self, bad_from: int):
+        super().__init__()
+        self.fc, self.calls, self.bad_from = nn.Linear(784, 10), 0, bad_from
+
+    def forward(self, x):
+        self.calls += self.training
+        if self.training and self.calls >= self.bad_from:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.fc(x.flatten(1))
+
+
+def test_out_of_memory_ends_in_one_line_and_keeps_the_last_checkpoint(config):
+    with pytest.raises(OutOfMemory) as excinfo:
+        train(config.replace(eval_every=0), model=OutOfMemoryAt(bad_from=25))
+    message, last = str(excinfo.value), ckpt.list_checkpoints(config.output_dir)[-1]
+    assert excinfo.value.exit_code == EXIT_OUT_OF_MEMORY == 3 and "\n" not in message
+    assert message.startswith("out of CPU memory after step 24 at batch 64 per process")
+    assert last.name == "step_20" and f"the last checkpoint {last} is kept" in message
+    # The run can go on from there at a batch that fits.
+    results = train(config.replace(resume_from="latest", max_steps=30, eval_every=0), model=OutOfMemoryAt(10**9))
+    assert results["steps"] == 30
 
 
 def test_resume_refuses_another_world_size(config):

@@ -1,0 +1,42 @@
+"""On a GPU: a run's predicted peak (results.json memory.predicted.peak_allocated_bytes) within 10% of
+its measured one, and the out-of-memory line under a capped allocator (the whole suite:
+benchmarks/peak_suite.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel_mnist import TrainConfig, train
+from accel_mnist.errors import OutOfMemory
+
+
+@pytest.fixture
+def capped():
+    device = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction((1 << 30) / total, device)  # 1 GiB
+    yield
+    torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def _config(mnist_dir, tmp_path, **changes):
+    return TrainConfig(model="bncnn", batch_size=2048, max_steps=3, data_dir=str(mnist_dir), download=False,
+                       output_dir=str(tmp_path / "run"), quiet=True, export=False, save_checkpoints=False,
+                       plots=False, data_loader="device").replace(**changes)  # fmt: skip
+
+
+def test_the_predicted_peak_is_within_ten_percent_of_the_measured(mnist_dir, tmp_path):
+    torch.cuda.reset_peak_memory_stats()
+    memory = train(_config(mnist_dir, tmp_path))["memory"]
+    measured = memory["per_process"][0]["peak_allocated_bytes"]
+    predicted = memory["predicted"]["peak_allocated_bytes"]
+    assert predicted and abs(measured / predicted - 1) <= 0.10, (measured, predicted)
+
+
+def test_a_batch_that_does_not_fit_ends_in_the_out_of_memory_line(mnist_dir, tmp_path, capped):
+    with pytest.raises(OutOfMemory) as excinfo:
+        train(_config(mnist_dir, tmp_path, batch_size=16384))
+    message = str(excinfo.value)
+    assert "\n" not in message and message.startswith("out of CUDA memory")
+    assert "the estimate: batch" in message and "fits under one process" in message
