@@ -83,7 +83,18 @@ def torch_scheduler(
         return sched.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1))
     if config.scheduler == "step":
         return sched.StepLR(optimizer, step_size=max(steps_per_epoch, 1), gamma=config.step_gamma)
-    return sched.LambdaLR(optimizer, lambda _: 1.0)
+    return sched.LambdaLR(optimizer, constant)
+
+
+def constant(_step: int) -> float:
+    """The factor of the 'none' schedule: the learning rate stays where the optimizer set it."""
+    return 1.0
+
+
+def is_constant(scheduler: Any) -> bool:
+    """Whether `scheduler` (prepared by Accelerate or not) is the 'none' schedule: stepping it changes nothing."""
+    inner = getattr(scheduler, "scheduler", scheduler)
+    return isinstance(inner, torch.optim.lr_scheduler.LambdaLR) and all(f is constant for f in inner.lr_lambdas)
 
 
 def check_deepspeed_optim(ds: dict[str, Any], config: TrainConfig) -> list[str]:

@@ -75,7 +75,10 @@ def batch_loss(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, channels_last: bool, dtype: torch.dtype
 ) -> torch.Tensor:
     """The forward pass and the loss, as every step computes them (prewarm's copy included)."""
-    return F.cross_entropy(logits_of(model(step_input(inputs, channels_last).to(dtype))).float(), labels)
+    inputs = step_input(inputs, channels_last)
+    # Each conversion only where it converts: a no-op .to()/.float() still costs a dispatch a step.
+    logits = logits_of(model(inputs if inputs.dtype == dtype else inputs.to(dtype)))
+    return F.cross_entropy(logits if logits.dtype == torch.float32 else logits.float(), labels)
 
 
 class EagerStep:

@@ -111,3 +111,26 @@ def test_a_grad_scaler_keeps_accelerates_backward():
     with micro.accumulate():
         micro.backward(torch.tensor(1.0))
     assert [name for name, _ in calls] == ["backward"]  # the scaler scales the loss there
+
+
+@pytest.mark.parametrize("name", ["none", "onecycle", "cosine", "step"])
+def test_only_the_none_schedule_goes_unstepped(name):
+    from accelerate.scheduler import AcceleratedScheduler
+
+    from accel_mnist.config import TrainConfig
+    from accel_mnist.optim import is_constant, torch_scheduler
+
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([param], lr=0.5)
+    schedule = torch_scheduler(optimizer, TrainConfig(scheduler=name, lr=0.5), total_steps=10, steps_per_epoch=5)
+    wrapped = AcceleratedScheduler(schedule, optimizer, step_with_optimizer=False)
+    assert is_constant(schedule) is is_constant(wrapped) is (name == "none")
+    if name == "none":  # stepping it would change nothing: the learning rate stays the optimizer's
+        lrs = []
+        for _ in range(3):
+            optimizer.step()
+            schedule.step()
+            lrs.append(schedule.get_last_lr()[0])
+        assert lrs == [0.5, 0.5, 0.5]
+    # Another LambdaLR (a caller's) is stepped.
+    assert not is_constant(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
