@@ -34,6 +34,7 @@ HEADLINE = {
     "step_overhead": STEP,
     "step_overhead_loop_only": STEP,
     "step_overhead_1thread": STEP,
+    "step_overhead_bncnn": [(label, key.replace("linear_", "bncnn_")) for label, key in STEP],
     "loader_overhead": [
         ("µs/batch DeviceLoader", "device_loader_us_per_batch"),
         ("prepared", "prepared_us_per_batch"),

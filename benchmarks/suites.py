@@ -63,6 +63,11 @@ CPU: list[Row] = [
      "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "1", "--repeats", "3",
              "--steps", "linear=300", "--out", "{run}"],
      "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+    {"name": "step_overhead_bncnn", "group": "step", "what": "bncnn b64, 2 threads, the plain loop gathering from "
+     "a split normalised once: the loops alone on a model of 100k parameters",
+     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "bncnn", "--threads", "2", "--repeats", "3",
+             "--steps", "bncnn=120", "--plain-gather", "normalised", "--out", "{run}"],
+     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
     {"name": "loader_overhead", "group": "step", "what": "per-batch cost: DeviceLoader vs an on-device dataset with "
      "__getitems__ in an Accelerate-prepared DataLoader (batch 64)",
      "cmd": ["{python}", "-m", "benchmarks.loader_overhead", "--threads", "2"],

@@ -141,33 +141,30 @@ def _count(text: str, flag: str = "--parameters", what: str = "a number of param
     return int(value)
 
 
-def _estimate(args: argparse.Namespace) -> int:
-    peak, capacity = None, None
+def _model_and_peak(args: argparse.Namespace) -> tuple[list[int], str, PeakInputs | None, int | None]:
+    """The parameter tensors' sizes, their description, the peak's inputs and --fits's bytes (None: not asked)."""
     if args.batch_size < 1 or args.eval_batch_size < 1:
         raise UsageError("--batch-size and --eval-batch-size must be >= 1")
     if args.parameters is not None:
         if args.fits is not None:
             raise UsageError("--fits needs --model: the peak depends on the model's activations, not only its size")
-        numels, what = [_count(args.parameters)], "parameters (one tensor: no ZeRO-3 persistent ones)"
-    else:
-        module = meta_model(args.model, args.mlp_hidden)
-        numels = [p.numel() for p in module.parameters() if p.requires_grad]
-        what = f"parameters ({args.model}" + (f" {args.mlp_hidden}" if args.mlp_hidden else "") + ")"
-        if not args.cpu:
-            data = MNIST_DEVICE_BYTES if args.data_loader == "device" else 0
-            try:
-                peak = inputs_for(
-                    module,
-                    batch_size=args.batch_size,
-                    eval_batch_size=args.eval_batch_size,
-                    mixed_precision=args.mixed_precision,
-                    optimizer=args.optimizer,
-                    data_bytes=data,
-                )
-            except TRACE_ERRORS as exc:
-                raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") \
-                    from None  # fmt: skip
-            capacity = gpu_capacity(args.fits) if args.fits is not None else None
+        return [_count(args.parameters)], "parameters (one tensor: no ZeRO-3 persistent ones)", None, None
+    module = meta_model(args.model, args.mlp_hidden)
+    numels = [p.numel() for p in module.parameters() if p.requires_grad]
+    what = f"parameters ({args.model}" + (f" {args.mlp_hidden}" if args.mlp_hidden else "") + ")"
+    if args.cpu:
+        return numels, what, None, None
+    try:
+        peak = inputs_for(module, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                          mixed_precision=args.mixed_precision, optimizer=args.optimizer,
+                          data_bytes=MNIST_DEVICE_BYTES if args.data_loader == "device" else 0)  # fmt: skip
+    except TRACE_ERRORS as exc:
+        raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") from None
+    return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    numels, what, peak, capacity = _model_and_peak(args)
     strategies = args.strategy.split(",") if args.strategy else None
     unknown = sorted(set(strategies or []) - set(STRATEGIES))
     if unknown:
@@ -177,18 +174,11 @@ def _estimate(args: argparse.Namespace) -> int:
                     on_accelerator=not args.cpu, persistence_threshold=args.persistence_threshold,
                     strategies=strategies, peak=peak, capacity=capacity)  # fmt: skip
     if args.json:
-        facts = {
-            "num_parameters": sum(numels),
-            "num_processes": args.num_processes,
-            "num_nodes": args.num_nodes,
-            "mixed_precision": args.mixed_precision,
-            "optimizer": args.optimizer,
-            "on_accelerator": not args.cpu,
-            "batch_size": args.batch_size,
-            "eval_batch_size": args.eval_batch_size,
-            "capacity_bytes": capacity,
-        }
-        print(json.dumps({**facts, "per_process": rows}, indent=2, sort_keys=True))  # fmt: skip
+        facts = {"num_parameters": sum(numels), "num_processes": args.num_processes, "num_nodes": args.num_nodes,
+                 "mixed_precision": args.mixed_precision, "optimizer": args.optimizer, "on_accelerator": not args.cpu,
+                 "batch_size": args.batch_size, "eval_batch_size": args.eval_batch_size,
+                 "capacity_bytes": capacity}  # fmt: skip
+        print(json.dumps({**facts, "per_process": rows}, indent=2, sort_keys=True))
         return 0
     print(f"{sum(numels):,} {what}; {args.num_processes} process(es) on {args.num_nodes} node(s), "
           f"{args.mixed_precision}, {args.optimizer}; bytes per process in GiB, host memory per node, "
@@ -196,10 +186,8 @@ def _estimate(args: argparse.Namespace) -> int:
     print(table(rows))
     if capacity is not None:
         fitting = [name for name, row in rows.items() if row["fits"]]
-        print(
-            f"fits in {format_bytes(capacity)} (a peak of at most 90% of it) at batch {args.batch_size}: "
-            + (", ".join(fitting) if fitting else "none; the largest batch column says what would")
-        )
+        print(f"fits in {format_bytes(capacity)} (a peak of at most 90% of it) at batch {args.batch_size}: "
+              + (", ".join(fitting) if fitting else "none; the largest batch column says what would"))  # fmt: skip
     return 0
 
 
