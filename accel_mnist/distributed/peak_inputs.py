@@ -21,8 +21,10 @@ from .peak import MAX_LIVE, REDUCE_BUCKET, PeakInputs
 logger = get_logger(__name__)
 CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 COMPUTE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
-# What a forward pass that needs real values (`.item()`, data-dependent shapes) raises on meta tensors.
-TRACE_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError)
+# What a forward pass that needs real values (`.item()`, data-dependent shapes, numpy) raises on meta
+# tensors: RuntimeError and NotImplementedError from torch, anything from a caller's own code. The
+# prediction is advice: a model it cannot trace trains without it.
+TRACE_ERRORS = (Exception,)
 
 
 def inputs_for(

@@ -157,3 +157,33 @@ def test_every_row_of_the_h200_suite_is_predicted_within_ten_percent():
         assert abs(measured_peak(row) / predicted - 1) <= 0.10, row["name"]
         if "--cuda-graph" not in row["cmd"]:  # the run predicted what the estimate predicts
             assert predicted == row["memory"]["predicted"]["peak_allocated_bytes"], row["name"]
+
+
+class NeedsValues(nn.Module):
+    """A forward pass that reads a value: it cannot run on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x):
+        if x.flatten(1).sum().item() > 0:
+            return self.fc(x.flatten(1))
+        return self.fc(-x.flatten(1))
+
+
+def test_a_model_that_needs_real_values_is_refused_by_estimate_and_left_unpredicted_by_a_run(capsys):
+    assert main(["estimate", "--model", "tests.unit.test_peak:NeedsValues", "--strategy", "ddp"]) == 2
+    assert "does not run on the meta device, so no peak" in capsys.readouterr().err
+    from types import SimpleNamespace
+
+    from accelerate import PartialState
+
+    from accel_mnist.config import TrainConfig
+    from accel_mnist.distributed.peak_inputs import run_inputs
+
+    PartialState(cpu=True)  # what a run has set up before it logs
+
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), state=SimpleNamespace(deepspeed_plugin=None))
+    assert run_inputs(gpu, TrainConfig(), {"mixed_precision": "bf16"}, NeedsValues(), (1, 28, 28), 0) is None
+    assert run_inputs(gpu, TrainConfig(), {"mixed_precision": "bf16"}, tiny_model(), (1, 28, 28), 0) is not None
