@@ -51,6 +51,8 @@ def memory_table(labels: Sequence[str], results: Sequence[dict[str, Any] | None]
             pairs = [f"{_mib(row[k])} / {_mib(predicted[k])}" for k in KINDS]
             total = f"{_mib(sum(row[k] for k in KINDS))} / {_mib(sum(predicted[k] for k in KINDS))}"
             peaks = [_mib(row.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes")]
+            if predicted.get("peak_allocated_bytes"):  # on a GPU: the predicted peak beside the measured
+                peaks[0] += f" / {_mib(predicted['peak_allocated_bytes'])}"
             table.append((label, str(row["rank"]), *pairs, total, *peaks))
     if len(table) == 1:
         return ""
@@ -89,6 +91,10 @@ def plot_memory(results: dict[str, Any], title: str, out_png: str | os.PathLike)
     peak_ax.bar(ranks, states, color="C0", label="model states on the device")
     peak_ax.bar(ranks, [max(p - s, 0.0) for p, s in zip(peaks, states, strict=True)], bottom=states, color="0.7",
                 label="the rest of the peak")  # fmt: skip
+    expected = predicted.get("peak_allocated_bytes") if allocated else None
+    if expected:  # one prediction per run: what each process should reach
+        peak_ax.axhline(expected / MIB, color="C3", linestyle="--", linewidth=1, label="predicted peak")
+        peaks.append(expected / MIB)
     peak_ax.set_ylim(0, 1.3 * max(peaks + states) or 1.0)
     peak_ax.set_xticks(ranks, labels=[f"rank {r['rank']}" for r in rows])
     peak_ax.set_title("peak allocated" if allocated else "peak RSS (the whole process)")

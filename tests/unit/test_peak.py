@@ -187,3 +187,12 @@ def test_a_model_that_needs_real_values_is_refused_by_estimate_and_left_unpredic
     gpu = SimpleNamespace(device=torch.device("cuda", 0), state=SimpleNamespace(deepspeed_plugin=None))
     assert run_inputs(gpu, TrainConfig(), {"mixed_precision": "bf16"}, NeedsValues(), (1, 28, 28), 0) is None
     assert run_inputs(gpu, TrainConfig(), {"mixed_precision": "bf16"}, tiny_model(), (1, 28, 28), 0) is not None
+
+
+def test_the_report_sets_the_predicted_peak_beside_the_measured(tmp_path):
+    from accel_mnist.report.memory import memory_table, plot_memory
+
+    rows = json.loads((ROOT / "benchmarks/results/h200-2026-12-03-peak/peak_suite.json").read_text())["rows"]
+    record = {"memory": next(r["memory"] for r in rows if r["name"] == "zero3-mlp121m-b64")}
+    assert "3993.3 / 3992.7" in memory_table(["zero3"], [record])  # measured / predicted peak allocated, MiB
+    assert plot_memory(record, "zero3", tmp_path / "memory.png").stat().st_size > 0
