@@ -15,9 +15,12 @@ device loader holds, the CUDA libraries' workspaces, the model states that outli
 Each term follows DeepSpeed 0.19's and torch's code and was checked against the H200 suite
 (benchmarks/results/h200-2026-12-03-peak*/; docs/memory.md): one process per GPU there, so the
 terms for several processes (DDP's buckets, gathering and unsharding across ranks) follow the
-code and are not measured yet. Two numbers are fitted, not derived: the workspaces cuBLAS and
-the allocator keep after the first step (66 MiB on the H200) and an allowance for cuDNN's
-convolution workspace (32 MiB where the model has a convolution).
+code and are not measured yet. Three numbers are fitted, not derived: the workspaces cuBLAS and
+the allocator keep after the first step (66 MiB on the H200), an allowance for cuDNN's
+convolution workspace (32 MiB where the model has a convolution) and ZeRO-3 offload's bytes in
+flight per element of the largest tensor (10). Not modelled: a captured
+step's CUDA-graph pool (measured 66 MiB above the eager step at bncnn b512, the prediction then
+7.8% under).
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ class PeakInputs:
     reduce_bucket_size: int = REDUCE_BUCKET
     reduce_buckets: int = 1  # ZeRO-1/2 double their bucket under overlap_comm
     max_live_parameters: int = MAX_LIVE
-    cuda_graph: bool = False  # not a term: measured +66 MiB over eager at bncnn b512, not modelled yet
     traced_batch: int = 1  # the batch the training activations were traced at
 
     def at_batch(self, batch: int) -> PeakInputs:

@@ -30,7 +30,6 @@ TRACE_ERRORS = (Exception,)
 def inputs_for(
     model: nn.Module, *, batch_size: int, eval_batch_size: int, mixed_precision: str, optimizer: str,
     data_bytes: int, input_shape: tuple[int, ...] = (1, 28, 28), zero: dict[str, Any] | None = None,
-    cuda_graph: bool = False,
 ) -> PeakInputs:  # fmt: skip
     """The peak's inputs for `model` (real or on the meta device) at these batch sizes; raises TRACE_ERRORS
     where its forward pass cannot run on the meta device. `zero`: a DeepSpeed config's zero_optimization."""
@@ -52,7 +51,6 @@ def inputs_for(
         reduce_bucket_size=number("reduce_bucket_size", REDUCE_BUCKET),
         reduce_buckets=2 if zero.get("overlap_comm") is True else 1,
         max_live_parameters=number("stage3_max_live_parameters", MAX_LIVE),
-        cuda_graph=cuda_graph,
         traced_batch=batch_size,
     )
 
@@ -70,7 +68,7 @@ def run_inputs(
         return inputs_for(
             model, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
             mixed_precision=strategy.get("mixed_precision", "no"), optimizer=str(config.optimizer),
-            data_bytes=data_bytes, input_shape=input_shape, cuda_graph=bool(config.cuda_graph),
+            data_bytes=data_bytes, input_shape=input_shape,
             zero=plugin.deepspeed_config.get("zero_optimization", {}) if plugin is not None else None,
         )  # fmt: skip
     except TRACE_ERRORS as exc:
