@@ -128,21 +128,19 @@ def _flag(cmd: list[str], name: str, default: str | None = None) -> str | None:
 
 def predict_row(record: dict[str, Any]) -> int:
     """The row's peak as `accel-mnist estimate` predicts it now, from the command the row ran."""
-    from accel_mnist.distributed.model_states import OPTIMIZER_STATES, STRATEGIES, Setup
-    from accel_mnist.distributed.peak import predict_peak
     from accel_mnist.distributed.peak_inputs import inputs_for
-    from accel_mnist.report.estimate import MNIST_DEVICE_BYTES, meta_model
+    from accel_mnist.report.estimate import MNIST_DEVICE_BYTES, estimate, meta_model
 
     cmd = record["cmd"].split()
     name, precision = ESTIMATE[record["strategy"]]
     precision = _flag(cmd, "--mixed_precision", precision)
     module = meta_model(_flag(cmd, "--model"), _flag(cmd, "--mlp-hidden"))
-    numels = [p.numel() for p in module.parameters() if p.requires_grad]
     inputs = inputs_for(module, batch_size=int(_flag(cmd, "--batch-size", "64")), eval_batch_size=1000,
                         mixed_precision=precision, optimizer="adam", data_bytes=MNIST_DEVICE_BYTES,
                         zero=ZERO_FILE if record["strategy"] == "zero_file" else None)  # fmt: skip
-    setup = Setup(mixed_precision=precision, optimizer_states=OPTIMIZER_STATES["adam"], **STRATEGIES[name])
-    return predict_peak(numels, setup, inputs)
+    numels = [p.numel() for p in module.parameters() if p.requires_grad]
+    rows = estimate(numels, mixed_precision=precision, optimizer="adam", strategies=[name], peak=inputs)
+    return rows[name]["peak_allocated_bytes"]
 
 
 def measured_peak(record: dict[str, Any]) -> int | None:

@@ -119,14 +119,16 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def gpu_capacity(text: str) -> int:
-    """--fits's bytes: a number (8e9, 80GiB-style suffixes not taken), or 'gpu' for the visible GPU's
-    memory less what its CUDA context takes (about 0.5 GiB, outside the allocator)."""
+    """--fits's bytes: a number (8e9, 80GiB-style suffixes not taken), or 'gpu' for what the allocator may
+    use on the visible GPU (out_of_memory.capacity) less what its CUDA context takes (about 0.5 GiB)."""
     if text == "gpu":
         import torch
 
+        from ..distributed.out_of_memory import capacity
+
         if not torch.cuda.is_available():
             raise UsageError("--fits: no GPU is visible here; give the GPU's memory in bytes, e.g. --fits 80e9")
-        return int(torch.cuda.get_device_properties(0).total_memory) - (512 << 20)
+        return int(capacity(torch.device("cuda", torch.cuda.current_device())) or 0) - (512 << 20)
     value = _count(text, "--fits", "a number of bytes (e.g. 80e9)")
     return value
 
