@@ -20,7 +20,7 @@ fp16 (DDP: autocast + GradScaler over fp32 weights; DeepSpeed: fp16 weights + fp
 copy), torch.optim.Adam, batch 8 of random inputs, --steps optimizer steps. Reported per
 rank: torch.cuda.max_memory_allocated over the steps (peak stats reset after prepare) and
 memory_allocated after them, next to the model-state bytes that accel_mnist predicts for them
-(accel_mnist/distributed/model_states.py: the ZeRO paper's accounting with DeepSpeed's own
+(accel_mnist/memory/model_states.py: the ZeRO paper's accounting with DeepSpeed's own
 copies). Activations, buffers (DeepSpeed's bucket sizes) and fragmentation come on top. The
 memory suites (`python -m benchmarks memory_cpu|memory_h200`, benchmarks/memory_suite.py)
 measure accel_mnist's own runs instead.
@@ -66,7 +66,7 @@ LAUNCH = {  # --launch name -> (accelerate config, extra launch args, extra args
 
 def predicted_model_states(numels: list[int], n: int, stage: int, mixed_precision: str = "fp16") -> int:
     """Model-state bytes per GPU, Adam, as accel_mnist predicts them (and `accel-mnist estimate` prints)."""
-    from accel_mnist.distributed.model_states import Setup, predict
+    from accel_mnist.memory.model_states import Setup, predict
 
     family = "deepspeed" if stage else "replicated"
     return sum(predict(numels, Setup(family, n, stage, mixed_precision)).values())

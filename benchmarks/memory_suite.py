@@ -1,7 +1,7 @@
 """The memory suites: every strategy's model states per process, measured against predicted, and the peak.
 
 Each row is one `accel-mnist train` launch; what is read is its results.json `memory`
-(accel_mnist/distributed/memory.py counts the tensors, model_states.py predicts them). The
+(accel_mnist/memory/watch.py counts the tensors, model_states.py predicts them). The
 suite README gets one table: per row the process holding most, its parameters, gradients,
 optimizer states and offloaded states measured / predicted, the peak, and the peak's overhead
 above the model states on the device (activations, communication buckets, the data on the
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from accel_mnist.distributed.model_states import KINDS
+from accel_mnist.memory.model_states import KINDS
 
 MIB = 1 << 20
 _FACTS = ("distributed_type", "num_processes", "zero_stage", "mixed_precision", "model", "num_parameters",

@@ -9,7 +9,7 @@ prediction's two fitted numbers were not read from: other models, widths, batche
 precisions, DeepSpeed's JSON (its own bucket sizes, overlap_comm), ZeRO-2 offload and a captured
 step. Each row is one `accelerate launch
 ... accel_mnist train`; its results.json holds `memory.predicted.peak_allocated_bytes` (what
-accel_mnist.distributed.peak predicts before the run) and the process's measured peak. Rows run
+accel_mnist.memory.peak predicts before the run) and the process's measured peak. Rows run
 `--parallel` at a time on the one GPU (each process's allocator counts its own peak; the sum
 of the rows' rough sizes is held under the GPU's memory); writes OUT/peak_suite.json and prints
 the table (OUT/peak_suite.md).
@@ -128,8 +128,8 @@ def _flag(cmd: list[str], name: str, default: str | None = None) -> str | None:
 
 def predict_row(record: dict[str, Any]) -> int:
     """The row's peak as `accel-mnist estimate` predicts it now, from the command the row ran."""
-    from accel_mnist.distributed.peak_inputs import inputs_for
-    from accel_mnist.report.estimate import MNIST_DEVICE_BYTES, estimate, meta_model
+    from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model
+    from accel_mnist.memory.peak_inputs import inputs_for
 
     cmd = record["cmd"].split()
     name, precision = ESTIMATE[record["strategy"]]

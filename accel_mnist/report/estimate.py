@@ -5,93 +5,25 @@
     accel-mnist estimate --model mypackage.models:build --fits        # a model of your own; the visible GPU
     accel-mnist estimate --parameters 1.2e9 --num-processes 16 --num-nodes 2 --json
 
-The model states are model_states.predict's and the peak peak.predict_peak's, the code that
-also fills `predicted` in a run's results.json: for the same model, strategy, processes,
-precision, optimizer and batch the two agree. `--fits` answers which strategies fit a GPU and
+The numbers are memory/estimate.py's, the code that also fills `predicted` in a run's
+results.json. `--fits` answers which strategies fit a GPU and
 the largest batch per process each could take.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from typing import Any
 
-from ..distributed.model_states import (
-    KINDS,
-    OPTIMIZER_STATES,
-    PERSISTENCE_THRESHOLD,
-    STRATEGIES,
-    Setup,
-    format_bytes,
-    predict,
-)  # fmt: skip
-from ..distributed.peak import PeakInputs, fits, largest_batch, predict_peak
-from ..distributed.peak_inputs import TRACE_ERRORS, inputs_for
 from ..errors import UsageError
+from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model
+from ..memory.model_states import KINDS, PERSISTENCE_THRESHOLD, STRATEGIES, format_bytes
+from ..memory.peak import PeakInputs
+from ..memory.peak_inputs import TRACE_ERRORS, inputs_for
 from .tables import text_table
 
-# What the device loader holds for MNIST-sized data: 70,000 images as fp32 (normalised once) and int64 labels.
-MNIST_DEVICE_BYTES = 70_000 * (28 * 28 * 4 + 8)
-
 PRECISIONS = ("no", "fp16", "bf16")
-
-
-def meta_model(model: str, mlp_hidden: str | None = None) -> Any:
-    """A built-in model, or `package.module:callable`'s, built on the meta device (no memory, no weights)."""
-    import torch
-
-    from ..models import build_model
-
-    with torch.device("meta"):
-        if ":" not in model:
-            return build_model(model, mlp_hidden)
-        path, _, name = model.partition(":")
-        try:
-            factory = getattr(importlib.import_module(path), name)
-        except (ImportError, AttributeError) as exc:
-            raise UsageError(f"--model {model}: cannot import it ({exc})") from None
-        module = factory()
-    if not isinstance(module, torch.nn.Module):
-        raise UsageError(f"--model {model}: {name}() returned a {type(module).__name__}, not a torch.nn.Module")
-    return module
-
-
-def model_numels(model: str, mlp_hidden: str | None = None) -> list[int]:
-    """Elements of each trainable parameter tensor of a model (built on the meta device: no memory)."""
-    return [p.numel() for p in meta_model(model, mlp_hidden).parameters() if p.requires_grad]
-
-
-def estimate(
-    numels: list[int], *, num_processes: int = 1, num_nodes: int = 1, mixed_precision: str = "fp16",
-    optimizer: str = "adam", momentum: float = 0.9, on_accelerator: bool = True,
-    persistence_threshold: int = PERSISTENCE_THRESHOLD, strategies: list[str] | None = None,
-    peak: PeakInputs | None = None, capacity: int | None = None,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """Per strategy: the bytes per process by kind, on the device in all, and in host memory per node;
-    given `peak`, the predicted peak, and given `capacity` too, whether it fits and the largest batch that does."""
-    if num_processes < 1 or num_nodes < 1 or num_processes % num_nodes:
-        raise UsageError(f"--num-processes {num_processes} must be a positive multiple of --num-nodes {num_nodes}")
-    name = "sgd_no_momentum" if optimizer == "sgd" and not momentum else optimizer
-    out = {}
-    for strategy in strategies or list(STRATEGIES):
-        options = STRATEGIES[strategy]
-        # Accelerate gives DeepSpeed's offload a CPU Adam, whatever the torch optimizer was.
-        states = OPTIMIZER_STATES["adam"] if options.get("offload_optimizer") else OPTIMIZER_STATES[name]
-        setup = Setup(num_processes=num_processes, mixed_precision=mixed_precision, optimizer_states=states,
-                      on_accelerator=on_accelerator, persistence_threshold=persistence_threshold,
-                      **options)  # fmt: skip
-        kinds = predict(numels, setup)
-        out[strategy] = {"label": setup.label, **kinds, "device_bytes": sum(kinds[k] for k in KINDS[:3]),
-                         "host_bytes_per_node": kinds["offloaded_bytes"] * (num_processes // num_nodes)}  # fmt: skip
-        if peak is not None and on_accelerator:
-            peak_bytes = predict_peak(numels, setup, peak)
-            out[strategy]["peak_allocated_bytes"] = peak_bytes
-            if capacity is not None:
-                out[strategy]["fits"] = fits(peak_bytes, capacity)
-                out[strategy]["largest_batch"] = largest_batch(numels, setup, peak, capacity)
-    return out
 
 
 def _gib(value: int) -> str:
@@ -124,7 +56,7 @@ def gpu_capacity(text: str) -> int:
     if text == "gpu":
         import torch
 
-        from ..distributed.out_of_memory import capacity
+        from ..memory.out_of_memory import capacity
 
         if not torch.cuda.is_available():
             raise UsageError("--fits: no GPU is visible here; give the GPU's memory in bytes, e.g. --fits 80e9")

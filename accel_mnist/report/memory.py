@@ -1,6 +1,6 @@
 """The memory part of `accel-mnist report`: a table of every run's model states and peaks, and a chart per run.
 
-Read from results.json's `memory` (distributed/memory.py writes it): each process's parameters,
+Read from results.json's `memory` (memory/watch.py writes it): each process's parameters,
 gradients, optimizer states and offloaded states, measured beside predicted, and its peaks.
 matplotlib is imported inside the drawing function only; nothing here imports torch.
 """
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..distributed.model_states import KINDS, NAMES
 from ..files import save_figure
+from ..memory.model_states import KINDS, NAMES
 from .tables import text_table
 
 MEMORY_FILE = "memory.png"

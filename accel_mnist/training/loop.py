@@ -19,10 +19,10 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from ..distributed.option_rules import eager_line
-from ..distributed.out_of_memory import out_of_memory_error
 from ..distributed.strategy import build_accelerator
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
+from ..memory.out_of_memory import out_of_memory_error
 from ..optim import is_constant
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir

@@ -17,7 +17,6 @@ from torch import nn
 from ..config import TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
-from ..distributed.memory import MemoryWatch, trainable_numels
 from ..distributed.option_rules import (
     Setup,
     buffers_change,
@@ -26,8 +25,9 @@ from ..distributed.option_rules import (
     float_buffers,
     tell_change,
 )
-from ..distributed.peak_inputs import run_inputs
 from ..distributed.strategy import check_model, prepare, strategy_fields
+from ..memory.peak_inputs import run_inputs
+from ..memory.watch import MemoryWatch, trainable_numels
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
 from .cadence import Cadence

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from accel_mnist.cli import main
-from accel_mnist.distributed.activations import trace
-from accel_mnist.distributed.model_states import STRATEGIES, Setup
-from accel_mnist.distributed.peak import FIT_SHARE, MIB, WORKSPACES, PeakInputs, largest_batch, phases, predict_peak
-from accel_mnist.distributed.peak_inputs import inputs_for
+from accel_mnist.memory.activations import trace
+from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, meta_model
+from accel_mnist.memory.model_states import STRATEGIES, Setup
+from accel_mnist.memory.peak import FIT_SHARE, MIB, WORKSPACES, PeakInputs, largest_batch, phases, predict_peak
+from accel_mnist.memory.peak_inputs import inputs_for
 from accel_mnist.models import build_model
-from accel_mnist.report.estimate import MNIST_DEVICE_BYTES, meta_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,7 +180,7 @@ def test_a_model_that_needs_real_values_is_refused_by_estimate_and_left_unpredic
     from accelerate import PartialState
 
     from accel_mnist.config import TrainConfig
-    from accel_mnist.distributed.peak_inputs import run_inputs
+    from accel_mnist.memory.peak_inputs import run_inputs
 
     PartialState(cpu=True)  # what a run has set up before it logs
 

@@ -16,9 +16,9 @@ import torch
 from accelerate import Accelerator
 
 from ..errors import OutOfMemory
-from .memory import MemoryWatch
 from .model_states import STRATEGIES, format_bytes
 from .peak import fits, largest_batch, phases, predict_peak
+from .watch import MemoryWatch
 
 
 def capacity(device: torch.device) -> int | None:

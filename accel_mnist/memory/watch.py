@@ -28,9 +28,9 @@ import torch
 from accelerate import Accelerator
 
 from ..config import TrainConfig
+from ..distributed.step import torch_optimizer
 from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict, summary_line
 from .peak import PeakInputs, predict_peak
-from .step import torch_optimizer
 
 PEAK_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "alloc_retries", "ooms")
 _GRADIENTS = "gradient_bytes"

@@ -1,0 +1,75 @@
+"""The estimate's core: what each process holds under every strategy, and its peak, for a model
+built on the meta device (`accel-mnist estimate`, report/estimate.py, prints it).
+
+The model states are model_states.predict's and the peak peak.predict_peak's, the code that
+also fills `predicted` in a run's results.json: for the same model, strategy, processes,
+precision, optimizer and batch the two agree.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import UsageError
+from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, STRATEGIES, Setup, predict
+from .peak import PeakInputs, fits, largest_batch, predict_peak
+
+# What the device loader holds for MNIST-sized data: 70,000 images as fp32 (normalised once) and int64 labels.
+MNIST_DEVICE_BYTES = 70_000 * (28 * 28 * 4 + 8)
+
+
+def meta_model(model: str, mlp_hidden: str | None = None) -> Any:
+    """A built-in model, or `package.module:callable`'s, built on the meta device (no memory, no weights)."""
+    import torch
+
+    from ..models import build_model
+
+    with torch.device("meta"):
+        if ":" not in model:
+            return build_model(model, mlp_hidden)
+        path, _, name = model.partition(":")
+        try:
+            factory = getattr(importlib.import_module(path), name)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(f"--model {model}: cannot import it ({exc})") from None
+        module = factory()
+    if not isinstance(module, torch.nn.Module):
+        raise UsageError(f"--model {model}: {name}() returned a {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def model_numels(model: str, mlp_hidden: str | None = None) -> list[int]:
+    """Elements of each trainable parameter tensor of a model (built on the meta device: no memory)."""
+    return [p.numel() for p in meta_model(model, mlp_hidden).parameters() if p.requires_grad]
+
+
+def estimate(
+    numels: list[int], *, num_processes: int = 1, num_nodes: int = 1, mixed_precision: str = "fp16",
+    optimizer: str = "adam", momentum: float = 0.9, on_accelerator: bool = True,
+    persistence_threshold: int = PERSISTENCE_THRESHOLD, strategies: list[str] | None = None,
+    peak: PeakInputs | None = None, capacity: int | None = None,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Per strategy: the bytes per process by kind, on the device in all, and in host memory per node;
+    given `peak`, the predicted peak, and given `capacity` too, whether it fits and the largest batch that does."""
+    if num_processes < 1 or num_nodes < 1 or num_processes % num_nodes:
+        raise UsageError(f"--num-processes {num_processes} must be a positive multiple of --num-nodes {num_nodes}")
+    name = "sgd_no_momentum" if optimizer == "sgd" and not momentum else optimizer
+    out = {}
+    for strategy in strategies or list(STRATEGIES):
+        options = STRATEGIES[strategy]
+        # Accelerate gives DeepSpeed's offload a CPU Adam, whatever the torch optimizer was.
+        states = OPTIMIZER_STATES["adam"] if options.get("offload_optimizer") else OPTIMIZER_STATES[name]
+        setup = Setup(num_processes=num_processes, mixed_precision=mixed_precision, optimizer_states=states,
+                      on_accelerator=on_accelerator, persistence_threshold=persistence_threshold,
+                      **options)  # fmt: skip
+        kinds = predict(numels, setup)
+        out[strategy] = {"label": setup.label, **kinds, "device_bytes": sum(kinds[k] for k in KINDS[:3]),
+                         "host_bytes_per_node": kinds["offloaded_bytes"] * (num_processes // num_nodes)}  # fmt: skip
+        if peak is not None and on_accelerator:
+            peak_bytes = predict_peak(numels, setup, peak)
+            out[strategy]["peak_allocated_bytes"] = peak_bytes
+            if capacity is not None:
+                out[strategy]["fits"] = fits(peak_bytes, capacity)
+                out[strategy]["largest_batch"] = largest_batch(numels, setup, peak, capacity)
+    return out
