@@ -22,6 +22,7 @@ from ..distributed.option_rules import eager_line
 from ..distributed.strategy import build_accelerator
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
+from ..memory.allocator import default_settings
 from ..memory.out_of_memory import out_of_memory_error
 from ..optim import is_constant
 from ..run import checkpoint as ckpt
@@ -58,6 +59,7 @@ def train(
     """
     start = time.perf_counter()
     own = OwnData(train_data, test_data, mean, std)
+    default_settings()  # expandable segments, before the Accelerator starts CUDA (memory/allocator.py)
     try:
         accelerator = build_accelerator(config, announce=True)
     except UsageError as e:  # from the launch's settings, which every process reads alike
@@ -72,11 +74,12 @@ def train(
             run = TrainingRun(**vars(parts))
             run.fit()
             return run.finish(start, plots_in_background)
-    except torch.OutOfMemoryError:
+    except torch.OutOfMemoryError as exc:
         watch = parts.memory if isinstance(parts, RunParts) else None
         step = run.state.step if run is not None else None
-        raise out_of_memory_error(accelerator, config.batch_size, watch, step,
-                                  run.last_checkpoint if run is not None else None) from None  # fmt: skip
+        batch = parts.config.batch_size if isinstance(parts, RunParts) else config.batch_size  # auto: settled there
+        raise out_of_memory_error(accelerator, batch, watch, step,
+                                  run.last_checkpoint if run is not None else None, exc) from None  # fmt: skip
     finally:
         end_run(accelerator)
 
