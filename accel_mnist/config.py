@@ -27,6 +27,8 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow", "all")
+# `batch_size: auto`, held as 0 until the run replaces it with the batch it chose (memory/plan.py).
+AUTO_BATCH = 0
 
 
 @dataclass
@@ -55,7 +57,13 @@ class TrainConfig:
     max_steps: int | None = field(
         default=None, metadata={"help": "stop after this many optimizer steps (overrides epochs)"}
     )
-    batch_size: int = field(default=64, metadata={"help": "training batch size per process"})
+    batch_size: int = field(
+        default=64,
+        metadata={
+            "help": "training batch size per process, or auto: the largest whose predicted peak fits this GPU "
+            "under this strategy, chosen before the first step (GPU runs only)"
+        },
+    )
     eval_batch_size: int = field(default=1000, metadata={"help": "evaluation batch size per process"})
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     optimizer: str = field(
@@ -186,7 +194,11 @@ class TrainConfig:
             _choice("dataset", self.dataset, (*DATASETS, "hf:NAME_OR_PATH"))
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("scheduler", self.scheduler, SCHEDULERS)
-        for key in ("epochs", "batch_size", "eval_batch_size", "log_every"):
+        if self.batch_size == "auto":  # TrainConfig(batch_size="auto") from Python, as a flag or a file says it
+            self.batch_size = AUTO_BATCH
+        if self.batch_size != AUTO_BATCH:
+            _at_least("batch_size", self.batch_size, 1)
+        for key in ("epochs", "eval_batch_size", "log_every"):
             _at_least(key, getattr(self, key), 1)
         if self.grad_accum is not None:
             _at_least("grad_accum", self.grad_accum, 1)
@@ -281,6 +293,11 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
         if optional:
             return None
         raise ConfigError(f"{name}: must not be null")
+    if name.lstrip("-").replace("-", "_") == "batch_size":  # a number, or "auto" (TrainConfig makes it AUTO_BATCH)
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if not isinstance(value, bool) and value in (0, "0"):  # 0 stands for auto inside
+            raise ConfigError(f"{name}: must be >= 1 or auto, got 0")
     try:
         if base is bool:
             if isinstance(value, bool):

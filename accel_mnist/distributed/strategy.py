@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import AutocastKwargs, DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 
-from ..config import TrainConfig
+from ..config import AUTO_BATCH, TrainConfig
 from ..errors import UsageError
 from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .deepspeed_ops import align_cuda_arch_list
@@ -146,12 +146,13 @@ def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: 
     ds = plugin.deepspeed_config
     notes = check_deepspeed_optim(ds, config)
     wanted = {
-        "train_micro_batch_size_per_gpu": config.batch_size,
+        **deepspeed_batch(config.batch_size, grad_accum, accelerator.num_processes),
         "gradient_accumulation_steps": grad_accum,
-        "train_batch_size": config.batch_size * grad_accum * accelerator.num_processes,
         # DeepSpeed clips inside engine.step(); 0 turns its clipping off.
         "gradient_clipping": config.max_grad_norm or 0.0,
     }
+    if config.batch_size == AUTO_BATCH:  # settled before prepare (memory/plan.py), then set_batch writes it
+        wanted = {k: v for k, v in wanted.items() if "batch_size" not in k}
     for key, value in wanted.items():
         old = ds.get(key, "auto")
         # Batch size and clipping belong to the TrainConfig; say so when a DeepSpeed JSON or the
@@ -168,6 +169,19 @@ def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: 
         # an H200). Cast them alike, as DeepSpeed did before; a JSON's own choice stays.
         ds.setdefault("data_types", {}).setdefault("buffer_dtype", accelerator.mixed_precision)
     return notes
+
+
+def deepspeed_batch(batch_size: int, grad_accum: int, num_processes: int) -> dict[str, int]:
+    """DeepSpeed's two batch settings for a per-process batch."""
+    return {"train_micro_batch_size_per_gpu": batch_size, "train_batch_size": batch_size * grad_accum * num_processes}
+
+
+def set_batch(accelerator: Accelerator, batch_size: int) -> None:
+    """Write a batch settled after the Accelerator was built (`batch_size: auto`) into DeepSpeed's config."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        batch = deepspeed_batch(batch_size, accelerator.gradient_accumulation_steps, accelerator.num_processes)
+        plugin.deepspeed_config.update(batch)
 
 
 def prepare(

@@ -163,10 +163,14 @@ def summary_line(memory: dict[str, Any]) -> str:
     )
     allocated = [r["peak_allocated_bytes"] for r in rows if r["peak_allocated_bytes"] is not None]
     rss = [r["peak_rss_bytes"] for r in rows if r["peak_rss_bytes"] is not None]
-    expected_peak = predicted.get("peak_allocated_bytes")
+    expected_peak, source = predicted.get("peak_allocated_bytes"), predicted.get("peak_source")
+    beside = (
+        f" ({format_bytes(expected_peak)} predicted{f' by the {source}' if source else ''})" if expected_peak else ""
+    )
+    if not expected_peak and predicted.get("peak_unpredicted"):
+        beside = f" ({predicted['peak_unpredicted']})"
     peak = (
-        f"peak {format_bytes(max(allocated))} allocated"
-        + (f" ({format_bytes(expected_peak)} predicted)" if expected_peak else "")
+        f"peak {format_bytes(max(allocated))} allocated" + beside
         if allocated
         else f"peak RSS {format_bytes(max(rss, default=None))}"
     )

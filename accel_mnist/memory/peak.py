@@ -57,11 +57,18 @@ class PeakInputs:
     reduce_buckets: int = 1  # ZeRO-1/2 double their bucket under overlap_comm
     max_live_parameters: int = MAX_LIVE
     traced_batch: int = 1  # the batch the training activations were traced at
+    train_activation_fixed: int = 0  # bytes of a training step that do not grow with the batch (a probe's)
+    source: str = "trace"  # where the activation terms come from: "trace" (meta device) or "probe" (the GPU)
 
     def at_batch(self, batch: int) -> PeakInputs:
         """The same run at another per-process batch: the training activations scale with it."""
         return replace(self, train_activation_bytes=self.train_activation_bytes * batch // self.traced_batch,
                        traced_batch=batch)  # fmt: skip
+
+    @property
+    def train_activations(self) -> int:
+        """Activation bytes of one training step at `traced_batch`."""
+        return self.train_activation_bytes + self.train_activation_fixed
 
 
 def _width(setup: Setup) -> int:
@@ -76,7 +83,7 @@ def phases(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> dict[str,
     temp = 0 if setup.offload_optimizer else STEP_TEMPORARIES.get(inputs.optimizer, 1) * FP32 * psi // n
     base = inputs.data_bytes + (WORKSPACES if setup.on_accelerator else 0)
     base += CONV_WORKSPACE if inputs.convolves and setup.on_accelerator else 0
-    act, act_eval = inputs.train_activation_bytes, inputs.eval_activation_bytes
+    act, act_eval = inputs.train_activations, inputs.eval_activation_bytes
     rest = params + optim
     if setup.family == "deepspeed":
         bucket = inputs.reduce_bucket_size * w  # ZeRO-3 allocates one, whatever overlap_comm says

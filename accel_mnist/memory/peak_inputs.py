@@ -1,24 +1,23 @@
 """What the peak prediction needs of a model and a run: activations traced, layers, DeepSpeed's buckets.
 
-`inputs_for` serves `accel-mnist estimate` and a run alike (`run_inputs` reads the run's
-accelerator, config and data), so that the estimate and results.json's
-`predicted.peak_allocated_bytes` come from the same numbers.
+`inputs_for` (the meta-device trace) and `probed` (a probe's measurements, probe.py) serve
+`accel-mnist estimate` and a run alike (plan.py reads the run's accelerator, config and data),
+so that the estimate and results.json's `predicted.peak_allocated_bytes` come from the same
+numbers.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.logging import get_logger
 from torch import nn
 
-from ..config import TrainConfig
 from .activations import trace
 from .peak import MAX_LIVE, REDUCE_BUCKET, PeakInputs
+from .probe import Probe
 
-logger = get_logger(__name__)
 CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 COMPUTE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 # What a forward pass that needs real values (`.item()`, data-dependent shapes, numpy) raises on meta
@@ -34,6 +33,16 @@ def inputs_for(
     """The peak's inputs for `model` (real or on the meta device) at these batch sizes; raises TRACE_ERRORS
     where its forward pass cannot run on the meta device. `zero`: a DeepSpeed config's zero_optimization."""
     traced = trace(model, tuple(input_shape), batch_size, eval_batch_size, COMPUTE_DTYPES.get(mixed_precision))
+    return replace(
+        strategy_inputs(model, optimizer=optimizer, data_bytes=data_bytes, zero=zero),
+        train_activation_bytes=traced.train_bytes, eval_activation_bytes=traced.eval_bytes, traced_batch=batch_size,
+    )  # fmt: skip
+
+
+def strategy_inputs(
+    model: nn.Module, *, optimizer: str, data_bytes: int, zero: dict[str, Any] | None = None
+) -> PeakInputs:
+    """The peak's inputs other than the activations (zero until a trace or a probe fills them in)."""
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, *CONVOLUTIONS))]
     zero = zero or {}
 
@@ -42,8 +51,8 @@ def inputs_for(
         return int(value) if isinstance(value, (int, float)) else default
 
     return PeakInputs(
-        train_activation_bytes=traced.train_bytes,
-        eval_activation_bytes=traced.eval_bytes,
+        train_activation_bytes=0,
+        eval_activation_bytes=0,
         data_bytes=data_bytes,
         cast_numel=sum(p.numel() for m in layers for p in m.parameters(recurse=False) if p.requires_grad),
         convolves=any(isinstance(m, CONVOLUTIONS) for m in layers),
@@ -51,26 +60,14 @@ def inputs_for(
         reduce_bucket_size=number("reduce_bucket_size", REDUCE_BUCKET),
         reduce_buckets=2 if zero.get("overlap_comm") is True else 1,
         max_live_parameters=number("stage3_max_live_parameters", MAX_LIVE),
-        traced_batch=batch_size,
     )
 
 
-def run_inputs(
-    accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], model: nn.Module,
-    input_shape: tuple[int, ...], data_bytes: int,
-) -> PeakInputs | None:  # fmt: skip
-    """The run's peak inputs, traced before `prepare`; None on a CPU (its peak is the RSS) or where the
-    forward pass cannot run on meta tensors (said in the log)."""
-    if accelerator.device.type == "cpu":
-        return None
-    plugin = accelerator.state.deepspeed_plugin
-    try:
-        return inputs_for(
-            model, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
-            mixed_precision=strategy.get("mixed_precision", "no"), optimizer=str(config.optimizer),
-            data_bytes=data_bytes, input_shape=input_shape,
-            zero=plugin.deepspeed_config.get("zero_optimization", {}) if plugin is not None else None,
-        )  # fmt: skip
-    except TRACE_ERRORS as exc:
-        logger.info(f"peak memory not predicted: the model's forward pass does not run on the meta device ({exc})")
-        return None
+def probed(inputs: PeakInputs, probe: Probe, batch_size: int, eval_batch_size: int) -> PeakInputs:
+    """`inputs` with the activation terms the probe measured at these batch sizes. The probe's bytes
+    hold autocast's weight copies and the convolutions' workspaces already: those terms drop out."""
+    return replace(
+        inputs, train_activation_bytes=max(0, round(probe.train.per_sample * batch_size)),
+        train_activation_fixed=round(probe.train.fixed), eval_activation_bytes=probe.evaluate.at(eval_batch_size),
+        traced_batch=batch_size, cast_numel=0, convolves=False, source="probe",
+    )  # fmt: skip

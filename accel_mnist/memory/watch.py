@@ -30,7 +30,8 @@ from accelerate import Accelerator
 from ..config import TrainConfig
 from ..distributed.step import torch_optimizer
 from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict, summary_line
-from .peak import PeakInputs, predict_peak
+from .peak import PeakInputs
+from .plan import PeakPlan
 
 PEAK_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "alloc_retries", "ooms")
 _GRADIENTS = "gradient_bytes"
@@ -70,7 +71,7 @@ def setup_of(accelerator: Accelerator, strategy: dict[str, Any], config: TrainCo
 class MemoryWatch:
     """One process's model states (by kind: the latest count at rest, the gradients' most) and peaks."""
 
-    def __init__(self, accelerator: Accelerator, model: Any, optimizer: Any, predicted: dict[str, int | None]) -> None:
+    def __init__(self, accelerator: Accelerator, model: Any, optimizer: Any, predicted: dict[str, Any]) -> None:
         self.accelerator, self.model, self.optimizer, self.predicted = accelerator, model, optimizer, predicted
         self.held = dict.fromkeys(KINDS, 0)
         self._host = dict.fromkeys(KINDS[:3], 0)  # the part of each kind an offload moved to host memory
@@ -88,15 +89,15 @@ class MemoryWatch:
     @classmethod
     def start(
         cls, accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], numels: list[int],
-        model: Any, optimizer: Any, peak: PeakInputs | None = None,
+        model: Any, optimizer: Any, plan: PeakPlan | None = None,
     ) -> MemoryWatch:  # fmt: skip
-        """Predict for `numels` (trainable_numels before prepare) and, given `peak` (peak_inputs), the
+        """Predict for `numels` (trainable_numels before prepare) and, given `plan` (plan.py), the
         peak; count once now (after `prepare`) and hook the first step's two gradient moments."""
         setup = setup_of(accelerator, strategy, config)
-        predicted: dict[str, int | None] = dict(predict(numels, setup))
-        predicted["peak_allocated_bytes"] = predict_peak(numels, setup, peak) if peak is not None else None
+        plan = plan or PeakPlan()
+        predicted: dict[str, Any] = {**predict(numels, setup), **plan.predicted(numels, setup)}
         watch = cls(accelerator, model, optimizer, predicted)
-        watch.numels, watch.setup, watch.peak = numels, setup, peak  # what an out-of-memory line advises from
+        watch.numels, watch.setup, watch.peak = numels, setup, plan.inputs  # what an out-of-memory line advises from
         watch.count(at_rest=True)
         watch.moment("after_prepare")
         params = [p for p in model.parameters() if p.requires_grad]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
 
-from ..config import TrainConfig
+from ..config import AUTO_BATCH, TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
@@ -25,9 +26,21 @@ from ..distributed.option_rules import (
     float_buffers,
     tell_change,
 )
-from ..distributed.strategy import check_model, prepare, strategy_fields
-from ..memory.peak_inputs import run_inputs
-from ..memory.watch import MemoryWatch, trainable_numels
+from ..distributed.strategy import check_model, prepare, set_batch, strategy_fields
+from ..errors import UsageError
+from ..memory.allocator import settings as allocator_settings
+from ..memory.model_states import Setup as MemorySetup
+from ..memory.plan import (
+    PeakPlan,
+    auto_batch,
+    auto_line,
+    global_batch,
+    plan_peak,
+    planned_data_bytes,
+    trace_gap_line,
+)
+from ..memory.probe import available, probe_batches
+from ..memory.watch import MemoryWatch, setup_of, trainable_numels
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
 from .cadence import Cadence
@@ -83,19 +96,21 @@ def start_run(
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
     run_data = _load_data(config, run_dir, own)
     model_name, model = _build_model(accelerator, config, model, run_data)
+    check_model(accelerator, model)
+    config, peak = _plan_memory(accelerator, config, strategy, model, run_data, state.config if resume else None)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
     _settle_state(accelerator, config, state, resume, strategy, _total_steps(config, steps_per_epoch), run_data)
     record(state, model_name, model, run_data)
-    check_model(accelerator, model)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     _open_output(accelerator, config, run_dir, plan, state)
     facts = _setup_facts(accelerator, config, state, model, strategy, data)
     if config.prewarm:
         facts["prewarm_seconds"] = _prewarm_copy(accelerator, config, model, run_data, data, state)
+    facts["probe_seconds"] = peak.probe_seconds
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
-    peak = run_inputs(accelerator, config, strategy, model, run_data.train.input_shape, data.device_bytes())
+    peak = peak.with_data_bytes(data.device_bytes())
     model, optimizer, scheduler = _prepare(
         accelerator, config, model, state, steps_per_epoch, resume, saved_strategy, facts
     )
@@ -126,6 +141,73 @@ def _build_model(
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     return model_name, model
+
+
+def _plan_memory(
+    accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], model: nn.Module, run_data: RunData,
+    saved: dict[str, Any] | None,
+) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
+    """The config with `batch_size: auto` settled (a resumed run keeps its checkpoint's batch) and the peak's
+    plan at that batch: probed on a GPU before anything else is placed there (memory/plan.py)."""
+    auto = config.batch_size == AUTO_BATCH
+    if auto and saved and saved.get("batch_size"):
+        config = config.replace(batch_size=int(saved["batch_size"]))
+        accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
+        auto = False
+    shape = tuple(run_data.train.input_shape)
+    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
+    channels_last = config.channels_last
+
+    def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return batch_loss(m, x, y, channels_last, dtype)
+
+    plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss)
+    numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
+    if auto:
+
+        def probe_at(batch: int) -> PeakPlan:
+            return plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss,
+                             batches=probe_batches(batch, limit=batch))  # fmt: skip
+
+        config, plan = _auto_batch(accelerator, config, plan, numels, setup, len(run_data.train), probe_at)
+    for said in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
+        if said:
+            accelerator.print(said if said.startswith("peak memory") else f"peak memory: {said}")
+    return config, plan.at_batch(config.batch_size)
+
+
+def _auto_batch(
+    accelerator: Accelerator, config: TrainConfig, plan: PeakPlan, numels: list[int], setup: MemorySetup,
+    train_samples: int, probe_at: Callable[[int], PeakPlan],
+) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
+    """`batch_size: auto` settled from the prediction, said in one line: the largest batch the first probe's line
+    allows, then probed again up to that batch (`probe_at`) twice, so that the line is measured where it is used.
+    Every process takes the smallest choice of all, so that all step alike."""
+    samples = train_samples // accelerator.num_processes
+    room = available(accelerator.device) if plan.inputs is not None else 0  # no prediction: no GPU to ask
+
+    def agreed(choice: int) -> int:
+        return min(row[0] for row in consensus.gather_ints(accelerator, [choice]))
+
+    batch = agreed(consensus.agree(accelerator, lambda: auto_batch(plan, numels, setup, room, samples)))
+    for _ in range(2):
+        again = probe_at(batch)
+        try:
+            closer = auto_batch(again, numels, setup, room, samples)
+        except UsageError:  # this probe could not run (out of memory, not on a line): the last answer stands
+            closer = 0
+        closer = agreed(closer)
+        if not closer:
+            break
+        plan, settled, batch = again, closer == batch, closer
+        if settled:
+            break
+    set_batch(accelerator, batch)  # DeepSpeed's batch settings were left for this (distributed/strategy.py)
+    accumulation, processes = accelerator.gradient_accumulation_steps, accelerator.num_processes
+    said = auto_line(plan, numels, setup, room, batch, samples)
+    accelerator.print(f"{said}; global batch {global_batch(batch, accumulation, processes)}; "
+                      f"the learning rate stays {config.lr:g}")  # fmt: skip
+    return config.replace(batch_size=batch), plan
 
 
 def _total_steps(config: TrainConfig, steps_per_epoch: int) -> int:
@@ -178,9 +260,11 @@ def _setup_facts(
     `changes`: each way the run differs from what the config asked, said here in one line."""
     facts = {
         **run_facts(state, model),
+        "batch_size": config.batch_size,  # per process: the number `batch_size: auto` chose
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
         **strategy,
         "data_loader": data.kind,
+        "allocator_settings": allocator_settings(),
         "prewarm_seconds": 0.0,
         "versions": versions(),
         "changes": [],

@@ -32,6 +32,15 @@ def test_the_predicted_peak_is_within_ten_percent_of_the_measured(mnist_dir, tmp
     measured = memory["per_process"][0]["peak_allocated_bytes"]
     predicted = memory["predicted"]["peak_allocated_bytes"]
     assert predicted and abs(measured / predicted - 1) <= 0.10, (measured, predicted)
+    assert memory["predicted"]["peak_source"] == "probe"  # measured on the GPU, the trace beside it
+    assert memory["predicted"]["trace_peak_allocated_bytes"] > 0
+
+
+def test_batch_size_auto_trains_within_a_capped_allocator(mnist_dir, tmp_path, capped):
+    results = train(_config(mnist_dir, tmp_path, batch_size="auto"))
+    memory = results["memory"]
+    assert results["batch_size"] > 64 and memory["predicted"]["peak_source"] == "probe"
+    assert memory["per_process"][0]["peak_allocated_bytes"] <= 0.9 * (1 << 30)
 
 
 def test_a_batch_that_does_not_fit_ends_in_the_out_of_memory_line(mnist_dir, tmp_path, capped):

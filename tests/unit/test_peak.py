@@ -175,18 +175,30 @@ class NeedsValues(nn.Module):
 def test_a_model_that_needs_real_values_is_refused_by_estimate_and_left_unpredicted_by_a_run(capsys):
     assert main(["estimate", "--model", "tests.unit.test_peak:NeedsValues", "--strategy", "ddp"]) == 2
     assert "does not run on the meta device, so no peak" in capsys.readouterr().err
+    from contextlib import nullcontext
     from types import SimpleNamespace
 
     from accelerate import PartialState
 
     from accel_mnist.config import TrainConfig
-    from accel_mnist.memory.peak_inputs import run_inputs
+    from accel_mnist.memory.plan import plan_peak
 
     PartialState(cpu=True)  # what a run has set up before it logs
 
-    gpu = SimpleNamespace(device=torch.device("cuda", 0), state=SimpleNamespace(deepspeed_plugin=None))
-    assert run_inputs(gpu, TrainConfig(), {"mixed_precision": "bf16"}, NeedsValues(), (1, 28, 28), 0) is None
-    assert run_inputs(gpu, TrainConfig(), {"mixed_precision": "bf16"}, tiny_model(), (1, 28, 28), 0) is not None
+    # A GPU as the plan sees it; here the probe cannot run (no CUDA), so only the trace can predict.
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), autocast=nullcontext,
+                          state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))  # fmt: skip
+
+    def plan(model):
+        return plan_peak(gpu, TrainConfig(), {"mixed_precision": "bf16"}, model, (1, 28, 28), 0,
+                         lambda m, x, y, dtype: m(x).sum())  # fmt: skip
+
+    unpredicted = plan(NeedsValues())
+    assert unpredicted.inputs is None and unpredicted.unpredicted.startswith("cannot predict: the probe failed")
+    assert "does not run on the meta device" in unpredicted.unpredicted
+    traced = plan(tiny_model())
+    assert traced.inputs is not None and traced.inputs.source == "trace" and traced.unpredicted is None
+    assert traced.note.startswith("peak memory predicted from the meta-device trace only")
 
 
 def test_the_report_sets_the_predicted_peak_beside_the_measured(tmp_path):

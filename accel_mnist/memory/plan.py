@@ -1,0 +1,186 @@
+"""A run's memory plan, before `prepare`: its predicted peak (probed on a GPU, else traced) and `batch_size: auto`.
+
+On a GPU the activation terms come from the probe (probe.py), the run's own kernels measured
+at three small batches; the meta-device trace runs beside it and is kept as
+`trace_peak_allocated_bytes`, with one line where the two are more than TRACE_GAP apart. Where
+neither can be trusted the plan says so in one line (`unpredicted`) instead of a number:
+FSDP's activation checkpointing (it recomputes what the probe's plain copy keeps), a probe
+whose points are not on a line, a model neither can run. On a CPU nothing is predicted (a
+run's peak there is the process's resident memory, counted by watch.py).
+
+`batch_size: auto` takes the largest per-process batch whose predicted peak fits
+peak.FIT_SHARE of what this process's allocator can reach (probe.available), from the
+prediction alone: nothing is tried until it stops running out of memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from ..config import TrainConfig
+from ..errors import UsageError
+from .model_states import Setup, format_bytes
+from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak
+from .peak_inputs import COMPUTE_DTYPES, TRACE_ERRORS, inputs_for, probed, strategy_inputs
+from .probe import Probe, measure, probe_batches
+
+TRACE_GAP = 0.10  # the trace this far from the probe: said in one line, the probe's number used
+
+
+@dataclass(frozen=True)
+class PeakPlan:
+    """The run's peak prediction: `inputs` (None: not predicted, `unpredicted` says why) and the trace's."""
+
+    inputs: PeakInputs | None = None
+    trace: PeakInputs | None = None
+    unpredicted: str | None = None
+    probe: Probe | None = None
+    note: str | None = None  # a line to say: why the trace's number stands in for the probe's
+
+    @property
+    def probe_seconds(self) -> float:
+        """Seconds the probe took (0 where none ran)."""
+        return self.probe.seconds if self.probe is not None else 0.0
+
+    def at_batch(self, batch: int) -> PeakPlan:
+        """The plan at another training batch (`batch_size: auto` settles it after the probe)."""
+        if self.inputs is None:
+            return self
+        trace = self.trace.at_batch(batch) if self.trace is not None else None
+        return replace(self, inputs=self.inputs.at_batch(batch), trace=trace)
+
+    def with_data_bytes(self, data_bytes: int) -> PeakPlan:
+        """The plan with what the data loader really holds on the device."""
+
+        def fix(inputs: PeakInputs | None) -> PeakInputs | None:
+            return replace(inputs, data_bytes=data_bytes) if inputs is not None else None
+
+        return replace(self, inputs=fix(self.inputs), trace=fix(self.trace))
+
+    def predicted(self, numels: list[int], setup: Setup) -> dict[str, Any]:
+        """results.json's `memory.predicted` peak fields."""
+        peak = predict_peak(numels, setup, self.inputs) if self.inputs is not None else None
+        out: dict[str, Any] = {"peak_allocated_bytes": peak,
+                               "peak_source": self.inputs.source if self.inputs is not None else None}  # fmt: skip
+        if self.trace is not None and self.inputs is not self.trace:
+            out["trace_peak_allocated_bytes"] = predict_peak(numels, setup, self.trace)
+        if self.unpredicted:
+            out["peak_unpredicted"] = self.unpredicted
+        return out
+
+
+def plan_peak(
+    accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], model: nn.Module,
+    input_shape: tuple[int, ...], data_bytes: int, loss: Any, batches: tuple[int, ...] | None = None,
+) -> PeakPlan:  # fmt: skip
+    """The run's plan for `model` before `prepare`; `loss(model, inputs, labels, dtype)`: the run's forward and
+    loss. `config.batch_size` may still be 0 (auto): the probe then covers small batches and `at_batch` settles
+    it. `batches`: the training batches to probe (default: probe_batches of the config's)."""
+    device = accelerator.device
+    if device.type == "cpu":
+        return PeakPlan()
+    precision = strategy.get("mixed_precision", "no")
+    plugin = accelerator.state.deepspeed_plugin
+    zero = plugin.deepspeed_config.get("zero_optimization", {}) if plugin is not None else None
+    batch = config.batch_size or 1
+    base = strategy_inputs(model, optimizer=str(config.optimizer), data_bytes=data_bytes, zero=zero)
+    trace, why_not_traced = None, ""
+    try:
+        trace = inputs_for(model, batch_size=batch, eval_batch_size=config.eval_batch_size,
+                           mixed_precision=precision, optimizer=str(config.optimizer), data_bytes=data_bytes,
+                           input_shape=input_shape, zero=zero)  # fmt: skip
+    except TRACE_ERRORS as exc:
+        why_not_traced = f"its forward pass does not run on the meta device ({_short(exc)})"
+    fsdp = accelerator.state.fsdp_plugin if strategy.get("distributed_type") == "FSDP" else None
+    if fsdp is not None and getattr(fsdp, "activation_checkpointing", False):
+        why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
+               "pass, which neither the probe nor the trace models")  # fmt: skip
+        return PeakPlan(trace=trace, unpredicted=why)
+    # DeepSpeed keeps 16-bit weights; FSDP computes with 16-bit copies of its fp32 ones (and 16-bit buffers
+    # under FSDP2, training/start.py); elsewhere fp32 weights under the run's autocast.
+    sharded = strategy.get("distributed_type") in ("DEEPSPEED", "FSDP")
+    dtype = COMPUTE_DTYPES.get(precision) if sharded else None
+    try:
+        probe = measure(model, device=device, dtype=dtype, input_shape=input_shape,
+                        batches=batches or probe_batches(config.batch_size or None),
+                        eval_batches=probe_batches(config.eval_batch_size),
+                        loss=lambda m, x, y: loss(m, x, y, dtype or torch.float32),
+                        autocast=accelerator.autocast)  # fmt: skip
+    except torch.OutOfMemoryError:
+        return _fallback(trace, why_not_traced, "the probe's copy of the model ran out of GPU memory")
+    except TRACE_ERRORS as exc:
+        return _fallback(trace, why_not_traced, f"the probe failed ({_short(exc)})")
+    if probe.untrusted:
+        return PeakPlan(trace=trace, probe=probe, unpredicted=f"cannot predict: {probe.untrusted}")
+    return PeakPlan(inputs=probed(base, probe, batch, config.eval_batch_size), trace=trace, probe=probe)
+
+
+def _fallback(trace: PeakInputs | None, why_not_traced: str, why_not_probed: str) -> PeakPlan:
+    """The trace's plan where the probe could not run (said in one line), else no prediction."""
+    if trace is None:
+        return PeakPlan(unpredicted=f"cannot predict: {why_not_probed}, and {why_not_traced}")
+    return PeakPlan(inputs=trace, trace=trace, note=f"peak memory predicted from the meta-device trace only, the "
+                    f"weaker of the two: {why_not_probed}")  # fmt: skip
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
+
+
+def trace_gap_line(plan: PeakPlan, numels: list[int], setup: Setup) -> str | None:
+    """One line where the trace and the probe disagree by more than TRACE_GAP (None: they agree or one is missing)."""
+    if plan.inputs is None or plan.trace is None or plan.inputs.source != "probe":
+        return None
+    probed_peak, traced_peak = predict_peak(numels, setup, plan.inputs), predict_peak(numels, setup, plan.trace)
+    gap = traced_peak / probed_peak - 1
+    if abs(gap) <= TRACE_GAP:
+        return None
+    side = "over" if gap > 0 else "under"
+    return (f"peak memory: the meta-device trace is {abs(gap):.0%} {side} the probe for this model "
+            f"({format_bytes(traced_peak)} against {format_bytes(probed_peak)}: kernels' own memory it cannot see); "
+            "the probe's prediction is used")  # fmt: skip
+
+
+def auto_batch(plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int) -> int:
+    """The largest per-process batch whose predicted peak fits `room` bytes, at most `samples` (one process's
+    share of the training set); UsageError where there is no prediction or not even one sample fits."""
+    if plan.inputs is None and plan.unpredicted is None:  # on a CPU nothing is predicted
+        raise UsageError("batch_size auto needs a GPU: a CPU run's peak memory is not predicted; give a number")
+    if plan.inputs is None:
+        raise UsageError(f"batch_size auto: {plan.unpredicted}; give a number")
+    batch = largest_batch(numels, setup, plan.inputs, room)
+    if batch < 1:
+        raise UsageError(f"batch_size auto: not even a batch of 1 fits {format_bytes(room)} under {setup.label} "
+                         "(accel-mnist estimate --fits tells which strategies would)")  # fmt: skip
+    return min(batch, samples)
+
+
+def auto_line(plan: PeakPlan, numels: list[int], setup: Setup, room: int, batch: int, samples: int) -> str:
+    """The line that says which batch `batch_size: auto` took, and why."""
+    assert plan.inputs is not None
+    peak = predict_peak(numels, setup, plan.inputs.at_batch(batch))
+    line = (f"batch size auto: {batch:,} per process, the largest whose predicted peak ({format_bytes(peak)}, "
+            f"from the {plan.inputs.source}) fits {FIT_SHARE:.0%} of the {format_bytes(room)} this process may use "
+            f"under {setup.label}")  # fmt: skip
+    return line + (f" (capped at the {samples:,} training samples per process)" if batch == samples else "")
+
+
+def planned_data_bytes(config: TrainConfig, splits: list[Any]) -> int:
+    """What the device loader would hold of `splits` (its images and int64 labels), before it is built."""
+    if config.data_loader == "torch":
+        return 0
+    held = all(isinstance(getattr(s, "images", None), torch.Tensor) for s in splits)
+    # The device loader normalises the images once into fp32 where that fits (data/device_loader.py).
+    return sum(4 * s.images.numel() + 8 * s.labels.numel() for s in splits) if held else 0
+
+
+def global_batch(batch: int, accumulation: int, processes: int) -> str:
+    """'5,473 (5,473 x 1 accumulation x 1 process)'."""
+    total = batch * accumulation * processes
+    return f"{total:,} ({batch:,} x {accumulation} accumulation x {processes} process{'es' * (processes > 1)})"

@@ -1,0 +1,116 @@
+"""The probe's arithmetic (lines through measured points), the plan it feeds, `batch_size: auto` and the
+allocator's default, on the CPU: the measurement itself needs a GPU (tests/gpu/test_peak.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from accel_mnist.config import AUTO_BATCH, TrainConfig, coerce
+from accel_mnist.errors import ConfigError, UsageError
+from accel_mnist.memory.allocator import default_settings, expandable_segments, settings
+from accel_mnist.memory.model_states import Setup
+from accel_mnist.memory.peak import FIT_SHARE, MIB, PeakInputs, predict_peak
+from accel_mnist.memory.peak_inputs import probed
+from accel_mnist.memory.plan import PeakPlan, auto_batch, auto_line, global_batch, trace_gap_line
+from accel_mnist.memory.probe import Line, Probe, fit, probe_batches
+
+NUMELS = [1_000_000, 1000]
+SETUP = Setup(mixed_precision="bf16")
+
+
+def probe(fixed=10 * MIB, per_sample=200_000, eval_fixed=1 * MIB, eval_per_sample=50_000):
+    return Probe(Line(fixed, per_sample, 0.0), Line(eval_fixed, eval_per_sample, 0.0), (64, 128, 256), 0.5)
+
+
+def base(**changes):
+    fields = {"train_activation_bytes": 0, "eval_activation_bytes": 0, "cast_numel": 1_001_000, "convolves": True}
+    return PeakInputs(**{**fields, **changes})
+
+
+def test_a_line_through_points_on_it_is_exact_and_a_bent_one_is_not_trusted():
+    line = fit([(64, 1000 + 64 * 300), (128, 1000 + 128 * 300), (256, 1000 + 256 * 300)])
+    assert line.fixed == pytest.approx(1000) and line.per_sample == pytest.approx(300) and line.off_line < 1e-9
+    assert line.at(8192) == 1000 + 8192 * 300
+    assert Line(-5000.0, 1.0, 0.0).at(10) == 0  # never below zero
+    bent = fit([(64, 10_000), (128, 20_000), (256, 80_000)])
+    assert bent.off_line > 0.10
+    assert Probe(bent, line, (64, 128, 256), 0.1).untrusted.startswith("the probed activation bytes are not linear")
+    assert Probe(line, line, (64, 128, 256), 0.1).untrusted is None
+    assert fit([(1, 500)]) == Line(500.0, 0.0, 0.0)  # one point: flat
+
+
+def test_probe_batches_stay_small_unless_asked():
+    assert probe_batches(None) == (64, 128, 256)  # batch_size auto, before it is chosen
+    assert probe_batches(64) == (16, 32, 64)
+    assert probe_batches(8192) == (256, 512, 1024)  # extrapolated beyond the probe's limit
+    assert probe_batches(5000, limit=5000) == (1250, 2500, 5000)  # auto's second look, up to the batch chosen
+    assert probe_batches(1) == (1,)
+
+
+def test_probed_inputs_scale_only_the_per_sample_bytes_and_drop_the_terms_the_probe_measured():
+    inputs = probed(base(), probe(), batch_size=100, eval_batch_size=1000)
+    assert inputs.source == "probe" and inputs.cast_numel == 0 and not inputs.convolves
+    assert inputs.train_activations == 10 * MIB + 100 * 200_000
+    assert inputs.at_batch(400).train_activations == 10 * MIB + 400 * 200_000
+    assert inputs.eval_activation_bytes == 1 * MIB + 1000 * 50_000
+    traced = base(train_activation_bytes=100 * 200_000, eval_activation_bytes=1 * MIB + 1000 * 50_000, traced_batch=100)
+    # The same activations: the trace adds autocast's weight copies and cuDNN's allowance, the probe measured them.
+    assert predict_peak(NUMELS, SETUP, traced) > predict_peak(NUMELS, SETUP, inputs)
+
+
+def test_auto_batch_is_the_largest_whose_prediction_fits_and_says_so():
+    plan = PeakPlan(inputs=probed(base(), probe(), 64, 1000))
+    room = 2 << 30
+    batch = auto_batch(plan, NUMELS, SETUP, room, samples=60_000)
+    assert predict_peak(NUMELS, SETUP, plan.inputs.at_batch(batch)) <= FIT_SHARE * room
+    assert predict_peak(NUMELS, SETUP, plan.inputs.at_batch(batch + 1)) > FIT_SHARE * room
+    line = auto_line(plan, NUMELS, SETUP, room, batch, 60_000)
+    assert line.startswith(f"batch size auto: {batch:,} per process") and "from the probe" in line
+    assert "capped" not in line
+    assert auto_batch(plan, NUMELS, SETUP, room, samples=500) == 500  # no larger than one process's share
+    assert "capped at the 500 training samples" in auto_line(plan, NUMELS, SETUP, room, 500, 500)
+    assert global_batch(batch, 2, 4) == f"{batch * 8:,} ({batch:,} x 2 accumulation x 4 processes)"
+
+
+def test_auto_batch_refuses_in_one_line_where_nothing_can_be_chosen():
+    with pytest.raises(UsageError, match="needs a GPU"):
+        auto_batch(PeakPlan(), NUMELS, SETUP, 1 << 30, 60_000)  # a CPU run: nothing predicted
+    with pytest.raises(UsageError, match="batch_size auto: cannot predict: why; give a number"):
+        auto_batch(PeakPlan(unpredicted="cannot predict: why"), NUMELS, SETUP, 1 << 30, 60_000)
+    with pytest.raises(UsageError, match="not even a batch of 1 fits"):
+        auto_batch(PeakPlan(inputs=probed(base(), probe(), 64, 1000)), NUMELS, SETUP, 16 * MIB, 60_000)
+
+
+def test_the_trace_is_named_where_it_strays_from_the_probe():
+    probe_inputs = probed(base(), probe(), 1024, 1000)
+    close = base(train_activation_bytes=probe_inputs.train_activations, eval_activation_bytes=51 * MIB,
+                 traced_batch=1024, cast_numel=0, convolves=False)  # fmt: skip
+    assert trace_gap_line(PeakPlan(inputs=probe_inputs, trace=close), NUMELS, SETUP) is None
+    far = PeakPlan(inputs=probe_inputs, trace=close.at_batch(2048))
+    line = trace_gap_line(far, NUMELS, SETUP)
+    assert line.startswith("peak memory: the meta-device trace is") and "over the probe" in line
+    assert trace_gap_line(PeakPlan(inputs=close, trace=close), NUMELS, SETUP) is None  # no probe ran
+
+
+def test_batch_size_auto_is_a_value_of_the_config():
+    assert TrainConfig(batch_size="auto").batch_size == AUTO_BATCH  # type: ignore[arg-type]
+    assert TrainConfig.from_dict({"batch_size": "Auto"}).batch_size == AUTO_BATCH
+    assert coerce("--batch-size", "auto", int) == "auto"
+    with pytest.raises(ConfigError, match="batch-size: must be >= 1 or auto, got 0"):
+        coerce("--batch-size", "0", int)
+    with pytest.raises(ConfigError, match="batch_size: must be >= 1, got -3"):
+        TrainConfig(batch_size=-3)
+
+
+def test_expandable_segments_by_default_and_never_over_the_users_choice():
+    env: dict[str, str] = {}
+    default_settings(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} and expandable_segments(env)
+    for chosen in (
+        {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"},
+        {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.6"},
+    ):
+        env = dict(chosen)
+        default_settings(env)
+        assert env == chosen and not expandable_segments(env) and settings(env) == chosen
+    assert expandable_segments({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64, expandable_segments:True"})
