@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ MLPS = {"mlp10m": "2048,2048,2048", "mlp121m": ",".join(["4096"] * 8), "mlp342m"
 CNN_BATCHES = (64, 512, 2048, 8192)
 # Rough GiB of GPU memory a row may take, to keep the rows running at once under the GPU's.
 WEIGHT = {"mlp1b": 34, "mlp342m": 12, "mlp121m": 5}
+KEEP = ("num_parameters", "mixed_precision", "memory")  # what a row's record keeps of its results.json
 TRAIN = ["-m", "accel_mnist", "train", "--max-steps", "4", "--data-loader", "device", "--no-export",
          "--no-save-checkpoints", "--no-plots", "--quiet", "--overwrite", "--lr", "1e-4"]  # fmt: skip
 
@@ -81,31 +83,74 @@ def rows() -> list[dict[str, Any]]:
     return out
 
 
-def run_row(row: dict[str, Any], folder: Path, timeout: float) -> dict[str, Any]:
-    """Launch one row; its results.json's facts and memory, or the tail of what it printed."""
+def described(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's own keys for its record, without the command's parts."""
+    return {k: v for k, v in row.items() if k not in ("flags", "launch", "train", "env")}
+
+
+def run_row(row: dict[str, Any], folder: Path, timeout: float, keep: tuple[str, ...] = KEEP) -> dict[str, Any]:
+    """Launch one row; its results.json's `keep` keys, or the tail of what it printed. A row may name its
+    accelerate config file (`config`), the module and flags in place of TRAIN (`train`) and environment (`env`)."""
     run_dir = folder / row["name"]
     accelerate = shutil.which("accelerate") or "accelerate"
-    cmd = [accelerate, "launch", "--config_file", f"accelerate_configs/{row['strategy']}.yaml", "--num_processes",
-           "1", "--main_process_port", "0", *row.get("launch", []), *TRAIN, *row["flags"], "--output-dir",
-           str(run_dir)]  # fmt: skip
+    config = row.get("config", f"accelerate_configs/{row['strategy']}.yaml")
+    cmd = [accelerate, "launch", "--config_file", config, "--num_processes", "1", "--main_process_port", "0",
+           *row.get("launch", []), *row.get("train", TRAIN), *row["flags"], "--output-dir", str(run_dir)]  # fmt: skip
     if os.environ.get("ACCEL_MNIST_DATA_DIR"):
         cmd += ["--data-dir", os.environ["ACCEL_MNIST_DATA_DIR"]]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        rc, output = proc.returncode, proc.stdout + proc.stderr
+        env = {**os.environ, **row.get("env", {})}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        rc: int | str = proc.returncode
+        output = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc, output = "timeout", str(exc.stdout or "") + str(exc.stderr or "")
-    record = {**{k: v for k, v in row.items() if k not in ("flags", "launch")}, "cmd": " ".join(cmd[1:]), "rc": rc,
-              "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    record = {**described(row), "cmd": " ".join(cmd[1:]), "rc": rc, "seconds": round(time.perf_counter() - start, 1)}
     results = run_dir / "results.json"
     if rc == 0 and results.is_file():
         data = json.loads(results.read_text())
-        record.update(num_parameters=data.get("num_parameters"), mixed_precision=data.get("mixed_precision"),
-                      memory=data.get("memory"))  # fmt: skip
+        record.update({key: data.get(key) for key in keep})
     else:
         record["tail"] = output[-3000:]
     return record
+
+
+def run_rows(rows: list[dict[str, Any]], save_to: Path, *, parallel: int, gib: float, timeout: float,
+             run: Callable[[dict[str, Any], Path, float], dict[str, Any]] = run_row,
+             deadline: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Run `rows` `parallel` at a time, the sum of their rough GiB (`weight`) held under `gib`, the heaviest first;
+    their records in the rows' order, written to `save_to` (JSON) after every row so that a call cut short keeps
+    the rows that finished. Past `deadline` (time.monotonic()) a row not yet started is recorded as skipped."""
+    budget = threading.Condition()
+    held = [0.0]
+    done: list[dict[str, Any]] = []
+    order = [r["name"] for r in rows]
+
+    def save() -> None:
+        done.sort(key=lambda r: order.index(r["name"]))
+        save_to.write_text(json.dumps({"rows": done}, indent=1) + "\n")
+
+    def one(row: dict[str, Any], folder: Path) -> dict[str, Any]:
+        with budget:
+            budget.wait_for(lambda: held[0] == 0 or held[0] + row["weight"] <= gib)
+            held[0] += row["weight"]
+        record = {**described(row), "rc": "skipped", "seconds": 0.0}  # past the deadline (or the run raised)
+        try:
+            if deadline is None or time.monotonic() < deadline:
+                record = run(row, folder, timeout)
+        finally:
+            with budget:
+                held[0] -= row["weight"]
+                done.append(record)
+                save()
+                budget.notify_all()
+        print(f"{record['name']}: rc {record['rc']}, {record['seconds']} s", file=sys.stderr, flush=True)
+        return record
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda r: one(r, Path(tmp)), sorted(rows, key=lambda r: -r["weight"])))
+    return done
 
 
 # The estimate's name and precision for each launch config of the suite (one process each).
@@ -173,35 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=240.0)
     args = p.parse_args(argv)
     chosen = [r for r in rows() if not args.only or re.search(args.only, r["name"])]
-    chosen.sort(key=lambda r: -r["weight"])  # the heavy rows first, the light ones fill in
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    budget = threading.Condition()
-    held = [0.0]
-    done: list[dict[str, Any]] = []
-    order = [r["name"] for r in rows()]
-
-    def save() -> None:  # after every row, so that a call cut short keeps the rows that finished
-        done.sort(key=lambda r: order.index(r["name"]))
-        (out / "peak_suite.json").write_text(json.dumps({"rows": done}, indent=1) + "\n")
-
-    def one(row: dict[str, Any], folder: Path) -> dict[str, Any]:
-        with budget:
-            budget.wait_for(lambda: held[0] == 0 or held[0] + row["weight"] <= args.gib)
-            held[0] += row["weight"]
-        try:
-            record = run_row(row, folder, args.timeout)
-        finally:
-            with budget:
-                held[0] -= row["weight"]
-                done.append(record)
-                save()
-                budget.notify_all()
-        print(f"{record['name']}: rc {record['rc']}, {record['seconds']} s", file=sys.stderr, flush=True)
-        return record
-
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.parallel) as pool:
-        list(pool.map(lambda r: one(r, Path(tmp)), chosen))
+    done = run_rows(chosen, out / "peak_suite.json", parallel=args.parallel, gib=args.gib, timeout=args.timeout)
     text = table(done)
     (out / "peak_suite.md").write_text(text + "\n")
     print(text)

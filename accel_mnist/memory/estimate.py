@@ -19,13 +19,14 @@ from .peak import PeakInputs, fits, largest_batch, predict_peak
 MNIST_DEVICE_BYTES = 70_000 * (28 * 28 * 4 + 8)
 
 
-def meta_model(model: str, mlp_hidden: str | None = None) -> Any:
-    """A built-in model, or `package.module:callable`'s, built on the meta device (no memory, no weights)."""
+def meta_model(model: str, mlp_hidden: str | None = None, device: str = "meta") -> Any:
+    """A built-in model, or `package.module:callable`'s, built on the meta device (no memory, no weights), or on
+    `device` for a probe."""
     import torch
 
     from ..models import build_model
 
-    with torch.device("meta"):
+    with torch.device(device):
         if ":" not in model:
             return build_model(model, mlp_hidden)
         path, _, name = model.partition(":")
@@ -48,10 +49,11 @@ def estimate(
     numels: list[int], *, num_processes: int = 1, num_nodes: int = 1, mixed_precision: str = "fp16",
     optimizer: str = "adam", momentum: float = 0.9, on_accelerator: bool = True,
     persistence_threshold: int = PERSISTENCE_THRESHOLD, strategies: list[str] | None = None,
-    peak: PeakInputs | None = None, capacity: int | None = None,
+    peak: PeakInputs | None = None, capacity: int | None = None, sharded_peak: PeakInputs | None = None,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Per strategy: the bytes per process by kind, on the device in all, and in host memory per node;
-    given `peak`, the predicted peak, and given `capacity` too, whether it fits and the largest batch that does."""
+    given `peak`, the predicted peak, and given `capacity` too, whether it fits and the largest batch that does.
+    `sharded_peak`: the inputs for DeepSpeed and FSDP where they differ (a probe in their 16-bit weights)."""
     if num_processes < 1 or num_nodes < 1 or num_processes % num_nodes:
         raise UsageError(f"--num-processes {num_processes} must be a positive multiple of --num-nodes {num_nodes}")
     name = "sgd_no_momentum" if optimizer == "sgd" and not momentum else optimizer
@@ -66,10 +68,44 @@ def estimate(
         kinds = predict(numels, setup)
         out[strategy] = {"label": setup.label, **kinds, "device_bytes": sum(kinds[k] for k in KINDS[:3]),
                          "host_bytes_per_node": kinds["offloaded_bytes"] * (num_processes // num_nodes)}  # fmt: skip
-        if peak is not None and on_accelerator:
-            peak_bytes = predict_peak(numels, setup, peak)
+        inputs = sharded_peak if sharded_peak is not None and setup.family != "replicated" else peak
+        if inputs is not None and on_accelerator:
+            peak_bytes = predict_peak(numels, setup, inputs)
             out[strategy]["peak_allocated_bytes"] = peak_bytes
             if capacity is not None:
                 out[strategy]["fits"] = fits(peak_bytes, capacity)
-                out[strategy]["largest_batch"] = largest_batch(numels, setup, peak, capacity)
+                out[strategy]["largest_batch"] = largest_batch(numels, setup, inputs, capacity)
     return out
+
+
+def probe_inputs(
+    module: Any, *, batch_size: int, eval_batch_size: int, mixed_precision: str, optimizer: str, data_bytes: int,
+    sharded: bool,
+) -> PeakInputs:  # fmt: skip
+    """The peak's inputs with the activations measured on the visible GPU (probe.py), as a run of that
+    precision computes: 16-bit weights under DeepSpeed and FSDP (`sharded`), else fp32 under autocast."""
+    from contextlib import nullcontext
+
+    import torch
+    import torch.nn.functional as F
+
+    from ..model_output import logits_of
+    from .peak_inputs import COMPUTE_DTYPES, probed, strategy_inputs
+    from .probe import measure, probe_batches
+
+    compute = COMPUTE_DTYPES.get(mixed_precision)
+    dtype = compute if sharded else None
+    device = torch.device("cuda", torch.cuda.current_device())
+
+    def autocast() -> Any:
+        return torch.autocast("cuda", dtype=compute) if compute is not None and not sharded else nullcontext()
+
+    def loss(model: Any, inputs: Any, labels: Any) -> Any:
+        return F.cross_entropy(logits_of(model(inputs.to(dtype or torch.float32))).float(), labels)
+
+    probe = measure(module, device=device, dtype=dtype, input_shape=(1, 28, 28), loss=loss, autocast=autocast,
+                    batches=probe_batches(batch_size), eval_batches=probe_batches(eval_batch_size))  # fmt: skip
+    if probe.untrusted:
+        raise UsageError(f"--probe: cannot predict: {probe.untrusted}")
+    base = strategy_inputs(module, optimizer=optimizer, data_bytes=data_bytes)
+    return probed(base, probe, batch_size, eval_batch_size)

@@ -99,11 +99,12 @@ def measure(
     model: nn.Module, *, device: torch.device, dtype: torch.dtype | None, input_shape: Sequence[int],
     batches: Sequence[int], eval_batches: Sequence[int],
     loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
-    autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
+    autocast: Callable[[], AbstractContextManager[object]] = nullcontext, examples: torch.Tensor | None = None,
 ) -> Probe:  # fmt: skip
     """Probe `model` (a copy is measured) on a CUDA `device`: weights in `dtype` (None: as they are; DeepSpeed
-    keeps 16-bit ones), `loss(model, inputs, labels)` the run's forward and loss. Raises torch.OutOfMemoryError
-    where even the probe does not fit."""
+    keeps 16-bit ones), `loss(model, inputs, labels)` the run's forward and loss. `examples`: a few real inputs,
+    repeated to each batch, so that a forward that branches on its values takes the run's path (default: zeros).
+    Raises torch.OutOfMemoryError where even the probe does not fit."""
     start = time.perf_counter()
     twin: nn.Module | None = None
     try:
@@ -111,10 +112,11 @@ def measure(
             twin = copy.deepcopy(model).to(device)
             if dtype is not None:
                 twin.to(dtype)
+            source = (examples if examples is not None else torch.zeros(1, *input_shape)).to(device)
             twin.train()
-            train = [(b, _train_bytes(twin, b, device, input_shape, loss, autocast)) for b in batches]
+            train = [(b, _train_bytes(twin, b, device, source, loss, autocast)) for b in batches]
             twin.eval()
-            evaluate = [(b, _eval_bytes(twin, b, device, input_shape, loss, autocast)) for b in eval_batches]
+            evaluate = [(b, _eval_bytes(twin, b, device, source, loss, autocast)) for b in eval_batches]
     finally:
         del twin
         gc.collect()
@@ -125,7 +127,7 @@ def measure(
 Autocast = Callable[[], AbstractContextManager[object]]
 
 
-def _train_bytes(twin: nn.Module, batch: int, device: torch.device, shape: Sequence[int],
+def _train_bytes(twin: nn.Module, batch: int, device: torch.device, source: torch.Tensor,
                  loss: Callable[..., torch.Tensor], autocast: Autocast) -> int:  # fmt: skip
     """Activation bytes of a training step at `batch`: the pass's peak above what was there, less the
     parameter gradients it leaves (peak.py counts those itself). The second of two passes: the first
@@ -133,7 +135,7 @@ def _train_bytes(twin: nn.Module, batch: int, device: torch.device, shape: Seque
     for _ in range(2):
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        inputs, labels = _batch(batch, shape, device)
+        inputs, labels = _batch(batch, source)
         with autocast():
             value = loss(twin, inputs, labels)
         forward = torch.cuda.max_memory_allocated(device) - base
@@ -146,14 +148,14 @@ def _train_bytes(twin: nn.Module, batch: int, device: torch.device, shape: Seque
     return max(forward, whole - grads)
 
 
-def _eval_bytes(twin: nn.Module, batch: int, device: torch.device, shape: Sequence[int],
+def _eval_bytes(twin: nn.Module, batch: int, device: torch.device, source: torch.Tensor,
                 loss: Callable[..., torch.Tensor], autocast: Autocast) -> int:  # fmt: skip
     """Bytes of an evaluation batch's forward pass without gradients (the second of two, as above)."""
     peak = 0
     for _ in range(2):
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        inputs, labels = _batch(batch, shape, device)
+        inputs, labels = _batch(batch, source)
         with torch.no_grad(), autocast():
             loss(twin, inputs, labels)
         peak = torch.cuda.max_memory_allocated(device) - base
@@ -161,6 +163,9 @@ def _eval_bytes(twin: nn.Module, batch: int, device: torch.device, shape: Sequen
     return peak
 
 
-def _batch(batch: int, shape: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # Inside the measurement: the run's loader hands each step a new batch tensor too.
-    return torch.zeros(batch, *shape, device=device), torch.zeros(batch, dtype=torch.long, device=device)
+def _batch(batch: int, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch` inputs cut from `source` repeated, and labels: made inside the measurement, as the run's loader
+    hands each step a new batch tensor too."""
+    repeats = -(-batch // len(source))
+    inputs = source.repeat(repeats, *([1] * (source.dim() - 1)))[:batch].contiguous()
+    return inputs, torch.zeros(batch, dtype=torch.long, device=source.device)

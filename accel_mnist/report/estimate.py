@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from ..errors import UsageError
-from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model
+from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model, probe_inputs
 from ..memory.model_states import KINDS, PERSISTENCE_THRESHOLD, STRATEGIES, format_bytes
 from ..memory.peak import PeakInputs
 from ..memory.peak_inputs import TRACE_ERRORS, inputs_for
@@ -75,30 +75,59 @@ def _count(text: str, flag: str = "--parameters", what: str = "a number of param
     return int(value)
 
 
-def _model_and_peak(args: argparse.Namespace) -> tuple[list[int], str, PeakInputs | None, int | None]:
-    """The parameter tensors' sizes, their description, the peak's inputs and --fits's bytes (None: not asked)."""
+def _model_and_peak(
+    args: argparse.Namespace,
+) -> tuple[list[int], str, PeakInputs | None, int | None, PeakInputs | None]:
+    """The parameter tensors' sizes, their description, the peak's inputs, --fits's bytes (None: not asked) and,
+    probing, the inputs of DeepSpeed and FSDP (their 16-bit weights)."""
     if args.batch_size < 1 or args.eval_batch_size < 1:
         raise UsageError("--batch-size and --eval-batch-size must be >= 1")
     if args.parameters is not None:
         if args.fits is not None:
             raise UsageError("--fits needs --model: the peak depends on the model's activations, not only its size")
-        return [_count(args.parameters)], "parameters (one tensor: no ZeRO-3 persistent ones)", None, None
+        return [_count(args.parameters)], "parameters (one tensor: no ZeRO-3 persistent ones)", None, None, None
+    probing = args.probe or args.fits == "gpu"  # the visible GPU: measured there
+    if probing and args.cpu:
+        raise UsageError("--probe measures on a GPU; --cpu asks for CPU processes")
+    if probing:
+        return _probed(args, "--probe" if args.probe else "--fits")
     module = meta_model(args.model, args.mlp_hidden)
     numels = [p.numel() for p in module.parameters() if p.requires_grad]
     what = f"parameters ({args.model}" + (f" {args.mlp_hidden}" if args.mlp_hidden else "") + ")"
     if args.cpu:
-        return numels, what, None, None
+        return numels, what, None, None, None
     try:
         peak = inputs_for(module, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
                           mixed_precision=args.mixed_precision, optimizer=args.optimizer,
                           data_bytes=MNIST_DEVICE_BYTES if args.data_loader == "device" else 0)  # fmt: skip
     except TRACE_ERRORS as exc:
         raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") from None
-    return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None
+    return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None, None
+
+
+def _probed(args: argparse.Namespace, flag: str) -> tuple[list[int], str, PeakInputs, int | None, PeakInputs]:
+    """_model_and_peak's answer with the activations measured on the visible GPU (memory/probe.py)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        hint = "give the GPU's memory in bytes, e.g. --fits 80e9" if flag == "--fits" else "leave --probe out"
+        raise UsageError(f"{flag}: no GPU is visible here; {hint} (the estimate then traces on the meta device)")
+    module = meta_model(args.model, args.mlp_hidden, device="cpu")
+    numels = [p.numel() for p in module.parameters() if p.requires_grad]
+    what = f"parameters ({args.model}" + (f" {args.mlp_hidden}" if args.mlp_hidden else "") + "; activations probed)"
+    common = {"batch_size": args.batch_size, "eval_batch_size": args.eval_batch_size,
+              "mixed_precision": args.mixed_precision, "optimizer": args.optimizer,
+              "data_bytes": MNIST_DEVICE_BYTES if args.data_loader == "device" else 0}  # fmt: skip
+    try:
+        peak = probe_inputs(module, sharded=False, **common)
+        sharded = probe_inputs(module, sharded=True, **common) if args.mixed_precision != "no" else peak
+    except torch.OutOfMemoryError:
+        raise UsageError("--probe: a copy of the model at these batches does not fit the visible GPU") from None
+    return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None, sharded
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    numels, what, peak, capacity = _model_and_peak(args)
+    numels, what, peak, capacity, sharded_peak = _model_and_peak(args)
     strategies = args.strategy.split(",") if args.strategy else None
     unknown = sorted(set(strategies or []) - set(STRATEGIES))
     if unknown:
@@ -106,7 +135,7 @@ def _estimate(args: argparse.Namespace) -> int:
     rows = estimate(numels, num_processes=args.num_processes, num_nodes=args.num_nodes,
                     mixed_precision=args.mixed_precision, optimizer=args.optimizer, momentum=args.momentum,
                     on_accelerator=not args.cpu, persistence_threshold=args.persistence_threshold,
-                    strategies=strategies, peak=peak, capacity=capacity)  # fmt: skip
+                    strategies=strategies, peak=peak, capacity=capacity, sharded_peak=sharded_peak)  # fmt: skip
     if args.json:
         facts = {"num_parameters": sum(numels), "num_processes": args.num_processes, "num_nodes": args.num_nodes,
                  "mixed_precision": args.mixed_precision, "optimizer": args.optimizer, "on_accelerator": not args.cpu,
@@ -163,6 +192,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--fits", nargs="?", const="gpu", metavar="BYTES",
                         help="which strategies fit a GPU of BYTES (default: the visible GPU), and each one's "
                         "largest batch per process")  # fmt: skip
+    parser.add_argument("--probe", action="store_true",
+                        help="measure the activations on the visible GPU (a copy of the model at three small "
+                        "batches) instead of tracing them on the meta device; --fits without BYTES probes "
+                        "too")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.set_defaults(handler=_estimate)
     return parser

@@ -161,13 +161,15 @@ def _plan_memory(
     def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return batch_loss(m, x, y, channels_last, dtype)
 
-    plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss)
+    # Real images, as the loader normalises them: a forward that branches on its inputs' values takes their path.
+    examples = torch.stack([run_data.train[i][0] for i in range(min(64, len(run_data.train)))])
+    plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, examples=examples)
     numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
     if auto:
 
         def probe_at(batch: int) -> PeakPlan:
             return plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss,
-                             batches=probe_batches(batch, limit=batch))  # fmt: skip
+                             batches=probe_batches(batch, limit=batch), examples=examples)  # fmt: skip
 
         config, plan = _auto_batch(accelerator, config, plan, numels, setup, len(run_data.train), probe_at)
     for said in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
