@@ -17,6 +17,9 @@ def cap(gib: float) -> None:
     """Cap this process's CUDA allocator at `gib` GiB on the current device."""
     import torch
 
+    from accel_mnist.memory.allocator import default_settings
+
+    default_settings()  # what a run asks of the allocator, before capping starts CUDA
     device = torch.cuda.current_device()
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, gib * (1 << 30) / total), device)

@@ -74,14 +74,16 @@ def probe_batches(batch: int | None, limit: int = PROBE_LIMIT) -> tuple[int, ...
 
 
 def fit(points: Sequence[tuple[int, int]]) -> Line:
-    """The least-squares line through (batch, bytes) points, and how far the farthest lies from it."""
+    """The least-squares line through (batch, bytes) points, and how far the farthest lies from it, relative to
+    the largest point (a MiB of workspace wobble at a small batch is no bend)."""
     n = len(points)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n
     spread = sum((x - mean_x) ** 2 for x, _ in points)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
     fixed = mean_y - slope * mean_x
-    off = max((abs(y - (fixed + slope * x)) / max(abs(y), 1) for x, y in points), default=0.0)
+    scale = max((abs(y) for _, y in points), default=1) or 1
+    off = max((abs(y - (fixed + slope * x)) / scale for x, y in points), default=0.0)
     return Line(fixed, slope, off)
 
 
