@@ -15,6 +15,7 @@ prediction alone: nothing is tried until it stops running out of memory.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -103,21 +104,20 @@ def plan_peak(
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
         return PeakPlan(trace=trace, unpredicted=why)
-    if fsdp is not None and getattr(fsdp, "auto_wrap_policy", None) is not None:
-        # Measured on an H200: 0.44-0.80 of the probe's prediction for 3 of 6 models (issue 34's suite).
-        why = ("cannot predict: FSDP's auto wrap policy casts each wrapped module's inputs to the compute "
-               "precision, which the probe's one copy of the model does not")  # fmt: skip
-        return PeakPlan(trace=trace, unpredicted=why)
-    # DeepSpeed keeps 16-bit weights; FSDP computes with 16-bit copies of its fp32 ones (and 16-bit buffers
-    # under FSDP2, training/start.py); elsewhere fp32 weights under the run's autocast.
-    sharded = strategy.get("distributed_type") in ("DEEPSPEED", "FSDP")
-    dtype = COMPUTE_DTYPES.get(precision) if sharded else None
+    # What the prepared model computes in (Accelerate 1.15): DeepSpeed keeps 16-bit weights and runs no
+    # autocast; FSDP computes with 16-bit copies of its fp32 weights, under autocast for FSDP1 (prepare_model
+    # wraps its forward) but not FSDP2 (_prepare_fsdp2 does not): an FSDP2 run keeps half the activations of
+    # one GPU's where autocast holds fp32 outputs (GroupNorm's: 3.3 against 7.5 GiB at batch 1024, measured).
+    # Elsewhere fp32 weights under the run's autocast.
+    kind = strategy.get("distributed_type")
+    dtype = COMPUTE_DTYPES.get(precision) if kind in ("DEEPSPEED", "FSDP") else None
+    autocast = nullcontext if kind == "DEEPSPEED" or strategy.get("fsdp_version") == 2 else accelerator.autocast
     try:
         probe = measure(model, device=device, dtype=dtype, input_shape=input_shape,
                         batches=batches or probe_batches(config.batch_size or None),
                         eval_batches=probe_batches(config.eval_batch_size),
                         loss=lambda m, x, y: loss(m, x, y, dtype or torch.float32),
-                        autocast=accelerator.autocast, examples=examples)  # fmt: skip
+                        autocast=autocast, examples=examples)  # fmt: skip
     except torch.OutOfMemoryError:
         return _fallback(trace, why_not_traced, "the probe's copy of the model ran out of GPU memory")
     except TRACE_ERRORS as exc:
