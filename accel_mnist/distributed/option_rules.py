@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+SIXTEEN_BIT = {"fp16": torch.float16, "bf16": torch.bfloat16}  # the precisions that cast weights or buffers
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -88,6 +92,36 @@ def buffers_change(setup: Setup, has_float_buffers: bool) -> str | None:
         f"{setup.precision} under FSDP2: the model's buffers (BatchNorm's running statistics) in {setup.precision} "
         "too, since FSDP2 casts only the parameters and BatchNorm's backward needs both alike"
     )
+
+
+@dataclass(frozen=True)
+class CopyPrecision:
+    """How a throwaway copy of the model (prewarm's, the memory probe's) computes as the prepared model does."""
+
+    weights: str | None  # "fp16"/"bf16": the copy's weights and buffers take it; None: they stay as they are
+    autocast: bool  # its forward runs under the Accelerator's autocast (a no-op where the Accelerator has none)
+
+
+AS_PREPARED_ELSEWHERE = CopyPrecision(None, autocast=True)  # one process and DDP: fp32 weights under autocast
+
+
+def copy_precision(kind: str, precision: str, fsdp_version: int = 0) -> CopyPrecision:
+    """The CopyPrecision under a DistributedType name, precision and FSDP version (Accelerate 1.15).
+
+    DeepSpeed casts the weights to 16 bits and runs no autocast. FSDP computes with 16-bit copies of
+    its fp32 weights: FSDP1's forward is wrapped in autocast by `prepare_model`, FSDP2's is not
+    (`_prepare_fsdp2` never calls it), and FSDP2 keeps the buffers in 16 bits too (buffers_change).
+    Elsewhere fp32 weights under autocast. A copy computed otherwise runs other kernels (prewarm then
+    loads the wrong ones), keeps other activations (GroupNorm's fp32 outputs under autocast doubled
+    the probe's prediction for FSDP2), or fails where dtypes meet ("Expected running_mean to have type
+    Float but got BFloat16": an fp32 copy beside FSDP2's 16-bit BatchNorm buffers).
+    """
+    sixteen = precision if precision in SIXTEEN_BIT else None
+    if kind == "DEEPSPEED":
+        return CopyPrecision(sixteen, autocast=False)
+    if kind == "FSDP":
+        return CopyPrecision(sixteen, autocast=fsdp_version != 2)
+    return AS_PREPARED_ELSEWHERE
 
 
 def float_buffers(model: Any) -> bool:

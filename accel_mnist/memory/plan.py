@@ -24,10 +24,11 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import TrainConfig
+from ..distributed.option_rules import SIXTEEN_BIT, copy_precision
 from ..errors import UsageError
 from .model_states import Setup, format_bytes
 from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak
-from .peak_inputs import COMPUTE_DTYPES, TRACE_ERRORS, inputs_for, probed, strategy_inputs
+from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
 from .probe import Probe, measure, probe_batches
 
 TRACE_GAP = 0.10  # the trace this far from the probe: said in one line, the probe's number used
@@ -104,14 +105,9 @@ def plan_peak(
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
         return PeakPlan(trace=trace, unpredicted=why)
-    # What the prepared model computes in (Accelerate 1.15): DeepSpeed keeps 16-bit weights and runs no
-    # autocast; FSDP computes with 16-bit copies of its fp32 weights, under autocast for FSDP1 (prepare_model
-    # wraps its forward) but not FSDP2 (_prepare_fsdp2 does not): an FSDP2 run keeps half the activations of
-    # one GPU's where autocast holds fp32 outputs (GroupNorm's: 3.3 against 7.5 GiB at batch 1024, measured).
-    # Elsewhere fp32 weights under the run's autocast.
-    kind = strategy.get("distributed_type")
-    dtype = COMPUTE_DTYPES.get(precision) if kind in ("DEEPSPEED", "FSDP") else None
-    autocast = nullcontext if kind == "DEEPSPEED" or strategy.get("fsdp_version") == 2 else accelerator.autocast
+    rule = copy_precision(str(strategy.get("distributed_type")), precision, int(strategy.get("fsdp_version", 0)))
+    dtype = SIXTEEN_BIT[rule.weights] if rule.weights else None
+    autocast = accelerator.autocast if rule.autocast else nullcontext
     try:
         probe = measure(model, device=device, dtype=dtype, input_shape=input_shape,
                         batches=batches or probe_batches(config.batch_size or None),

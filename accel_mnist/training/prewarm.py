@@ -6,7 +6,9 @@ backward and optimizer step of the same shapes on a copy moves that cost out of 
 clock, into `prewarm_seconds`, without touching the model, the optimizer or any RNG stream the
 run uses: the trained weights are the same with and without it.
 
-The copy computes as the run will: under the run's autocast and in its memory format. Kernels
+The copy computes as the run will: in the precision the strategy computes in (16-bit weights
+under DeepSpeed and FSDP, the run's autocast where its prepared model has one:
+option_rules.copy_precision) and in its memory format. Kernels
 are loaded per dtype and layout, so a bf16 run warmed in fp32 would still load its bf16
 kernels for the epoch's last, smaller batch inside the clock: in the fresh bf16 commands of
 benchmarks/results/h200-2026-12-02b, warmed in fp32, the ten steps across the epoch's end took
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
+from ..distributed.option_rules import AS_PREPARED_ELSEWHERE, SIXTEEN_BIT, CopyPrecision
 from ..model_output import logits_of
 from .step import batch_loss, step_input
 
@@ -36,6 +39,7 @@ def prewarm(
     rehearsals: Sequence[Callable[[], object]] = (),
     input_shape: Sequence[int] = (1, 28, 28),
     autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
+    precision: CopyPrecision = AS_PREPARED_ELSEWHERE,
 ) -> float:
     """One step on a copy of `model` per training batch shape; returns the seconds it took.
 
@@ -43,7 +47,8 @@ def prewarm(
     choose its kernels again at each epoch end. `rehearsals` run the loop's own per-step tensor
     work once on scratch data (assembling a batch, the loss bookkeeping): CUDA loads each kernel
     on its first launch (both measured in benchmarks/results/h200-2026-12-01b). `input_shape`:
-    one sample's (C, H, W). `autocast`: the run's (`Accelerator.autocast`), for the forward passes.
+    one sample's (C, H, W). `autocast`: the run's (`Accelerator.autocast`), for the forward passes where
+    `precision` (option_rules.copy_precision: how the strategy's prepared model computes) says so.
     """
     from ..optim import build_optimizer
 
@@ -51,19 +56,24 @@ def prewarm(
     devices = [] if device.type == "cpu" else [device.index or 0]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         twin = copy.deepcopy(model).to(device).train()
+        weights = SIXTEEN_BIT[precision.weights] if precision.weights else torch.float32
+        if precision.weights:
+            twin.to(weights)
+        autocast = autocast if precision.autocast else nullcontext
         optimizer = build_optimizer(twin, config)
         for size in sorted({config.batch_size, train_samples % config.batch_size} - {0}, reverse=True):
             inputs = torch.zeros(size, *input_shape, device=device)
             labels = torch.zeros(size, dtype=torch.long, device=device)
-            with autocast():  # float32 inputs, as the loader yields them
-                loss = batch_loss(twin, inputs, labels, config.channels_last, torch.float32)
+            with autocast():  # float32 inputs, as the loader yields them, cast as the step casts them
+                loss = batch_loss(twin, inputs, labels, config.channels_last, weights)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
         for rehearse in rehearsals:
             rehearse()
         twin.eval()
-        inputs = step_input(torch.zeros(config.eval_batch_size, *input_shape, device=device), config.channels_last)
+        inputs = step_input(torch.zeros(config.eval_batch_size, *input_shape, device=device, dtype=weights),
+                            config.channels_last)  # fmt: skip
         with torch.no_grad(), autocast():  # and the evaluation's shape, whose time the clock leaves out anyway
             logits_of(twin(inputs)).sum().item()
     del twin, optimizer

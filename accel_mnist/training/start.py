@@ -19,10 +19,12 @@ from ..config import AUTO_BATCH, TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
+    SIXTEEN_BIT,
     Setup,
     buffers_change,
     cast_float_buffers,
     channels_last_change,
+    copy_precision,
     float_buffers,
     tell_change,
 )
@@ -137,7 +139,7 @@ def _build_model(
     setup = Setup.of(accelerator)
     model = to_memory_format(model_for(accelerator, config, model, run_data), config, setup)
     if buffers_change(setup, float_buffers(model)):  # said by _setup_facts
-        cast_float_buffers(model, {"fp16": torch.float16, "bf16": torch.bfloat16}[setup.precision])
+        cast_float_buffers(model, SIXTEEN_BIT[setup.precision])
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     return model_name, model
@@ -290,7 +292,10 @@ def _prewarm_copy(
     """Seconds of the prewarm: every batch shape's step, and the loop's own tensor work, on a copy."""
     rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
     per_process = len(run_data.train) // accelerator.num_processes
-    return prewarm(model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast)
+    setup = Setup.of(accelerator)
+    precision = copy_precision(setup.kind, setup.precision, setup.fsdp_version)
+    return prewarm(model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast,
+                   precision)  # fmt: skip
 
 
 def _prepare(

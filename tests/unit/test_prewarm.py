@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from accel_mnist import TrainConfig
@@ -45,3 +46,30 @@ def test_prewarm_computes_in_the_runs_precision_and_layout():
     Recorder.seen = []
     prewarm(Recorder(), config.replace(channels_last=False), torch.device("cpu"), 16, input_shape=(3, 8, 8))
     assert Recorder.seen == [(8, False, False), (4, False, False)]
+
+
+def test_the_copy_computes_as_the_strategy_prepares_the_model():
+    """FSDP2 at 16 bits keeps BatchNorm's statistics in 16 bits and computes without autocast: an fp32 copy
+    under autocast beside them failed (issue 35: bncnn + prewarm under fsdp2.yaml); the strategy's rule runs."""
+    from accel_mnist.distributed.option_rules import CopyPrecision, cast_float_buffers, copy_precision
+    from accel_mnist.models import build_model
+
+    assert copy_precision("FSDP", "bf16", 2) == CopyPrecision("bf16", autocast=False)
+    assert copy_precision("FSDP", "bf16", 1) == CopyPrecision("bf16", autocast=True)
+    assert copy_precision("DEEPSPEED", "fp16") == CopyPrecision("fp16", autocast=False)
+    assert copy_precision("DEEPSPEED", "no") == CopyPrecision(None, autocast=False)
+    assert copy_precision("MULTI_GPU", "bf16") == CopyPrecision(None, autocast=True)
+    model = build_model("bncnn", None, 10)
+    cast_float_buffers(model, torch.bfloat16)  # what training/start.py does under FSDP2 at bf16
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    config = TrainConfig(model="bncnn", batch_size=8, eval_batch_size=8)
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    with pytest.raises(RuntimeError):  # the old copy: fp32 weights, 16-bit statistics, under autocast
+        prewarm(model, config, torch.device("cpu"), autocast=autocast)
+    assert (
+        prewarm(model, config, torch.device("cpu"), autocast=autocast, precision=copy_precision("FSDP", "bf16", 2)) > 0
+    )
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the run's model untouched
