@@ -32,6 +32,9 @@ from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
 from .probe import Probe, measure, probe_batches
 
 TRACE_GAP = 0.10  # the trace this far from the probe: said in one line, the probe's number used
+# Measured on an H200 (recipes/fast99_graph.yaml, bncnn at batch 512, bf16): 964 MiB against 830 predicted.
+CAPTURED = ("cannot predict: a captured step (cuda_graph) keeps a memory pool of its own beside the eager "
+            "step's, which the prediction does not model")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class PeakPlan:
             return self
         trace = self.trace.at_batch(batch) if self.trace is not None else None
         return replace(self, inputs=self.inputs.at_batch(batch), trace=trace)
+
+    def refused(self, why: str) -> PeakPlan:
+        """The plan with no number, and `why` ("cannot predict: ...") in its place; the trace stays beside it."""
+        return replace(self, inputs=None, unpredicted=why)
 
     def with_data_bytes(self, data_bytes: int) -> PeakPlan:
         """The plan with what the data loader really holds on the device."""

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
 
-from ..config import AUTO_BATCH, TrainConfig
+from ..config import TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
@@ -28,27 +26,16 @@ from ..distributed.option_rules import (
     float_buffers,
     tell_change,
 )
-from ..distributed.strategy import check_model, prepare, set_batch, strategy_fields
-from ..errors import UsageError
+from ..distributed.strategy import check_model, prepare, strategy_fields
 from ..memory.allocator import settings as allocator_settings
-from ..memory.model_states import Setup as MemorySetup
-from ..memory.plan import (
-    PeakPlan,
-    auto_batch,
-    auto_line,
-    global_batch,
-    plan_peak,
-    planned_data_bytes,
-    trace_gap_line,
-)
-from ..memory.probe import available, probe_batches
-from ..memory.watch import MemoryWatch, setup_of, trainable_numels
+from ..memory.watch import MemoryWatch, trainable_numels
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
 from .cadence import Cadence
 from .inputs import OwnData, RunData, load_run_data, model_for, record, run_facts
 from .loaders import Loaders
 from .loss_tally import LossTally
+from .memory_plan import plan_memory
 from .preemption import StopSignals
 from .prewarm import prewarm
 from .records import versions
@@ -99,7 +86,7 @@ def start_run(
     run_data = _load_data(config, run_dir, own)
     model_name, model = _build_model(accelerator, config, model, run_data)
     check_model(accelerator, model)
-    config, peak = _plan_memory(accelerator, config, strategy, model, run_data, state.config if resume else None)
+    config, peak = plan_memory(accelerator, config, strategy, model, run_data, state.config if resume else None)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
@@ -143,75 +130,6 @@ def _build_model(
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     return model_name, model
-
-
-def _plan_memory(
-    accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], model: nn.Module, run_data: RunData,
-    saved: dict[str, Any] | None,
-) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
-    """The config with `batch_size: auto` settled (a resumed run keeps its checkpoint's batch) and the peak's
-    plan at that batch: probed on a GPU before anything else is placed there (memory/plan.py)."""
-    auto = config.batch_size == AUTO_BATCH
-    if auto and saved and saved.get("batch_size"):
-        config = config.replace(batch_size=int(saved["batch_size"]))
-        accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
-        auto = False
-    shape = tuple(run_data.train.input_shape)
-    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
-    channels_last = config.channels_last
-
-    def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return batch_loss(m, x, y, channels_last, dtype)
-
-    # Real images, as the loader normalises them: a forward that branches on its inputs' values takes their path.
-    examples = torch.stack([run_data.train[i][0] for i in range(min(64, len(run_data.train)))])
-    plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, examples=examples)
-    numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
-    if auto:
-
-        def probe_at(batch: int) -> PeakPlan:
-            return plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss,
-                             batches=probe_batches(batch, limit=batch), examples=examples)  # fmt: skip
-
-        config, plan = _auto_batch(accelerator, config, plan, numels, setup, len(run_data.train), probe_at)
-    for said in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
-        if said:
-            accelerator.print(said if said.startswith("peak memory") else f"peak memory: {said}")
-    return config, plan.at_batch(config.batch_size)
-
-
-def _auto_batch(
-    accelerator: Accelerator, config: TrainConfig, plan: PeakPlan, numels: list[int], setup: MemorySetup,
-    train_samples: int, probe_at: Callable[[int], PeakPlan],
-) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
-    """`batch_size: auto` settled from the prediction, said in one line: the largest batch the first probe's line
-    allows, then probed again up to that batch (`probe_at`) twice, so that the line is measured where it is used.
-    Every process takes the smallest choice of all, so that all step alike."""
-    samples = train_samples // accelerator.num_processes
-    room = available(accelerator.device) if plan.inputs is not None else 0  # no prediction: no GPU to ask
-
-    def agreed(choice: int) -> int:
-        return min(row[0] for row in consensus.gather_ints(accelerator, [choice]))
-
-    batch = agreed(consensus.agree(accelerator, lambda: auto_batch(plan, numels, setup, room, samples)))
-    for _ in range(2):
-        again = probe_at(batch)
-        try:
-            closer = auto_batch(again, numels, setup, room, samples)
-        except UsageError:  # this probe could not run (out of memory, not on a line): the last answer stands
-            closer = 0
-        closer = agreed(closer)
-        if not closer:
-            break
-        plan, settled, batch = again, closer == batch, closer
-        if settled:
-            break
-    set_batch(accelerator, batch)  # DeepSpeed's batch settings were left for this (distributed/strategy.py)
-    accumulation, processes = accelerator.gradient_accumulation_steps, accelerator.num_processes
-    said = auto_line(plan, numels, setup, room, batch, samples)
-    accelerator.print(f"{said}; global batch {global_batch(batch, accumulation, processes)}; "
-                      f"the learning rate stays {config.lr:g}")  # fmt: skip
-    return config.replace(batch_size=batch), plan
 
 
 def _total_steps(config: TrainConfig, steps_per_epoch: int) -> int:

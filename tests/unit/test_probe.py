@@ -116,3 +116,18 @@ def test_expandable_segments_by_default_and_never_over_the_users_choice():
         default_settings(env)
         assert env == chosen and not expandable_segments(env) and settings(env) == chosen
     assert expandable_segments({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64, expandable_segments:True"})
+
+
+def test_a_captured_step_is_not_predicted():
+    from accel_mnist.distributed.option_rules import Setup as StrategySetup
+    from accel_mnist.memory.plan import CAPTURED
+    from accel_mnist.training.memory_plan import captured
+
+    gpu = StrategySetup(kind="NO", device="cuda", precision="bf16")
+    graph = TrainConfig(cuda_graph=True, scheduler="onecycle", cycle_momentum=False)
+    assert captured(gpu, graph)
+    assert not captured(gpu, graph.replace(cuda_graph=False))
+    assert not captured(StrategySetup(kind="DEEPSPEED", device="cuda", precision="fp16", zero_stage=2), graph)
+    assert not captured(gpu, graph.replace(optimizer="sgd"))  # the eager step runs: predicted as usual
+    plan = PeakPlan(inputs=probed(base(), probe(), 512, 1000)).refused(CAPTURED)
+    assert plan.inputs is None and plan.predicted(NUMELS, SETUP)["peak_unpredicted"].startswith("cannot predict")
