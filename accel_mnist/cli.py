@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
-from .config import TrainConfig, coerce, load_config_file
+from .config import TrainConfig, coerce, load_config_file, parse_bool
 from .distributed.launcher_watch import exit_orphaned, local_main_process, orphaned
 from .errors import UsageError, on_every_rank
 from .training.preemption import EXIT_PREEMPTED, Preempted
@@ -62,6 +62,30 @@ class _Parser(argparse.ArgumentParser):
 _ALIASES = {"deepspeed_config": ("--deepspeed_config",)}
 
 
+class _BoolFlag(argparse.Action):
+    """A boolean as Accelerate's flags take one: `--plots`, `--plots true`, `--plots false`, and `--no-plots`.
+
+    argparse's BooleanOptionalAction takes no value, so `--cycle-momentum true` stopped with
+    "unrecognized arguments: true"; the value is read as a config file's would be (config.parse_bool).
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        negated = [f"--no-{o[2:]}" for o in option_strings if o.startswith("--")]
+        kwargs.pop("nargs", None)
+        super().__init__([*option_strings, *negated], dest, nargs="?", metavar="true|false", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        negated = bool(option_string and option_string.startswith("--no-"))
+        if values is None:
+            setattr(namespace, self.dest, not negated)
+            return
+        parsed = parse_bool(str(values))
+        if negated or parsed is None:
+            parser.error(f"{option_string}: expected true or false, got {values!r}")
+        setattr(namespace, self.dest, parsed)
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, so that the CLI can never drift from the config."""
     hints = get_type_hints(TrainConfig)
@@ -71,8 +95,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         default = None if f.default is MISSING else f.default
         help_text = f"{f.metadata.get('help', '')} (default: {default})"
         if hints[f.name] is bool:
-            group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=help_text)  # fmt: skip
+            group.add_argument(*flags, dest=f.name, action=_BoolFlag, default=argparse.SUPPRESS,
+                               help=help_text)  # fmt: skip
         else:
             group.add_argument(*flags, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
                                help=help_text)  # fmt: skip

@@ -40,3 +40,22 @@ def test_a_command_freezes_what_its_imports_left(argv, tmp_path):
     proc = run_command([sys.executable, "-c", OWN_PROCESS, *argv, *(["--output-dir", str(tmp_path / "o")]
                                                                     if argv[0] == "train" else [])])  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == "collector True True", proc.stdout + proc.stderr[-2000:]
+
+
+def test_boolean_flags_take_a_value_as_accelerates_do():
+    from accel_mnist.cli import build_parser, config_from_args
+
+    parser = build_parser()
+
+    def parsed(*argv: str):
+        return config_from_args(parser.parse_args(["train", *argv]))
+
+    assert parsed("--cycle-momentum", "false").cycle_momentum is False
+    assert parsed("--cycle-momentum", "True").cycle_momentum is True
+    assert parsed("--no-cycle-momentum").cycle_momentum is False
+    assert parsed("--plots", "--model", "mlp").plots is True  # no value: true, and the next flag still read
+    assert parsed("--plots", "0").plots is False
+    for argv in (["--cycle-momentum", "maybe"], ["--no-plots", "true"]):
+        with pytest.raises(SystemExit) as excinfo:
+            parser.parse_args(["train", *argv])
+        assert excinfo.value.code == 2
