@@ -51,16 +51,17 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def gpu_capacity(text: str) -> int:
-    """--fits's bytes: a number (8e9, 80GiB-style suffixes not taken), or 'gpu' for what the allocator may
-    use on the visible GPU (out_of_memory.capacity) less what its CUDA context takes (about 0.5 GiB)."""
+    """--fits's bytes: a number (8e9, 80GiB-style suffixes not taken), or 'gpu' for what this process's allocator
+    can reach on the visible GPU (memory/probe.available: free memory, within a per-process fraction where one is
+    set), the same room `--batch-size auto` fills."""
     if text == "gpu":
         import torch
 
-        from ..memory.out_of_memory import capacity
+        from ..memory.probe import available
 
         if not torch.cuda.is_available():
             raise UsageError("--fits: no GPU is visible here; give the GPU's memory in bytes, e.g. --fits 80e9")
-        return int(capacity(torch.device("cuda", torch.cuda.current_device())) or 0) - (512 << 20)
+        return available(torch.device("cuda", torch.cuda.current_device()))
     value = _count(text, "--fits", "a number of bytes (e.g. 80e9)")
     return value
 
