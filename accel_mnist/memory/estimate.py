@@ -80,10 +80,11 @@ def estimate(
 
 def probe_inputs(
     module: Any, *, batch_size: int, eval_batch_size: int, mixed_precision: str, optimizer: str, data_bytes: int,
-    sharded: bool,
+    sharded: bool, up_to: int | None = None,
 ) -> PeakInputs:  # fmt: skip
     """The peak's inputs with the activations measured on the visible GPU (probe.py), as a run of that
-    precision computes: 16-bit weights under DeepSpeed and FSDP (`sharded`), else fp32 under autocast."""
+    precision computes: 16-bit weights under DeepSpeed and FSDP (`sharded`), else fp32 under autocast.
+    `up_to`: probe batches up to this one (default: up to `batch_size`, at most probe.PROBE_LIMIT)."""
     from contextlib import nullcontext
 
     import torch
@@ -104,7 +105,8 @@ def probe_inputs(
         return F.cross_entropy(logits_of(model(inputs.to(dtype or torch.float32))).float(), labels)
 
     probe = measure(module, device=device, dtype=dtype, input_shape=(1, 28, 28), loss=loss, autocast=autocast,
-                    batches=probe_batches(batch_size), eval_batches=probe_batches(eval_batch_size))  # fmt: skip
+                    batches=probe_batches(up_to, limit=up_to) if up_to else probe_batches(batch_size),
+                    eval_batches=probe_batches(eval_batch_size))  # fmt: skip
     if probe.untrusted:
         raise UsageError(f"--probe: cannot predict: {probe.untrusted}")
     base = strategy_inputs(module, optimizer=optimizer, data_bytes=data_bytes)
