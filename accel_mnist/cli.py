@@ -24,8 +24,8 @@ from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from .config import TrainConfig, coerce, load_config_file, parse_bool
-from .distributed.launcher_watch import exit_orphaned, local_main_process, orphaned
 from .errors import UsageError, on_every_rank
+from .launch.watch import exit_orphaned, local_main_process, orphaned
 from .training.preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
@@ -141,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .distributed.launchers import check_local_rank
+    from .launch.launchers import check_local_rank
     from .training.loop import train  # torch and accelerate: not for `--help` or the other commands
 
     settle_collector(args.own_process)

@@ -6,7 +6,7 @@ it comes from the accelerate config, or from the DeepSpeed JSON that `deepspeed_
 notebook), so the same TrainConfig runs everywhere.
 
 A field whose metadata holds `cells` changes how the step or the model runs: the option matrix
-(distributed/matrix.py) tries each of those values under every strategy and precision.
+(tests/matrix.py) tries each of those values under every strategy and precision.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runs cells of the option matrix (accel_mnist/distributed/matrix.py) one after another in one
+"""Runs cells of the option matrix (tests/matrix.py) one after another in one
 launched process group, and writes what each did to a JSON file (rank 0).
 
     accelerate launch LAUNCH_ARGS -m tests.matrix_worker OUT.json STRATEGY PRECISION DEVICE [CELL ...]
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from accel_mnist import train
-from accel_mnist.distributed.matrix import option_cells
 from accel_mnist.errors import UsageError, one_line
+from tests.matrix import option_cells
 
 STEPS = 2
 
@@ -115,8 +115,8 @@ def run_group(strategy, precision: str, device: str, processes: int, out: Path, 
     import shutil
     import subprocess
 
-    from accel_mnist.distributed.matrix import launch_args
     from tests.helpers import REPO
+    from tests.matrix import launch_args
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -148,7 +148,7 @@ def check_groups(
     expectation; ({"strategy precision Np": {cell: outcome}}, the mismatches as lines)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from accel_mnist.distributed.matrix import expect
+    from tests.matrix import expect
 
     def one(group):
         strategy, precision, processes = group

@@ -11,7 +11,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from ..errors import UsageError
-from .launch_settings import LaunchSettings, zero3_init
+from ..launch.settings import LaunchSettings, zero3_init
 
 # The DeepSpeed JSON the first Accelerator of this process was built with: Accelerate keeps one
 # DeepSpeed plugin a process (AcceleratorState is shared) and refuses a second.

@@ -1,10 +1,10 @@
 """What a training option becomes under the strategy a launch set up: as asked, or changed with one line.
 
-The runtime and the option matrix (distributed/matrix.py) ask the same functions, so the table
+The runtime and the option matrix (tests/matrix.py) ask the same functions, so the table
 in docs/strategies.md is what a run does. Each rule reads a `Setup`: the few facts of the
 strategy that options depend on, taken from a live Accelerator (`Setup.of`) or written down
 for a cell of the matrix. Refusals of a whole launch (fp16 on a CPU, FSDP without a GPU) stay
-where the launch is checked (launch_settings.py, strategy.py, strategy_checks.py).
+where the launch is checked (launch/settings.py, strategy.py, strategy_checks.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 This is the one place that knows about strategies: it reconciles the accelerate config
 (DDP, DeepSpeed or FSDP, ZeRO stage, offload, mixed precision, dynamo) with the TrainConfig
 (batch size, accumulation, clipping), so that the training loop never has to ask which
-strategy runs. What the launcher and accelerate config ask for is read in launch_settings.py
+strategy runs. What the launcher and accelerate config ask for is read in launch/settings.py
 (before the Accelerator exists); what Accelerate then set up is checked in strategy_checks.py.
 """
 
@@ -21,13 +21,19 @@ from accelerate.utils import AutocastKwargs, DistributedType, GradientAccumulati
 
 from ..config import AUTO_BATCH, TrainConfig
 from ..errors import UsageError
+from ..launch.elastic import join_restarted_group
+from ..launch.launchers import (
+    WITHOUT_DEEPSPEED,
+    env_flag,
+    fp16_on_cpu,
+    process_group_of_one,
+    started_by_deepspeed_launcher,
+)
+from ..launch.settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch
+from ..launch.watch import watch_launcher
 from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
 from .deepspeed_ops import align_cuda_arch_list
 from .deepspeed_plugin import fresh_json_values, process_deepspeed_plugin
-from .elastic import join_restarted_group
-from .launch_settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch
-from .launcher_watch import watch_launcher
-from .launchers import WITHOUT_DEEPSPEED, env_flag, fp16_on_cpu, process_group_of_one, started_by_deepspeed_launcher
 from .step import ddp_side_stream, direct_steps
 from .strategy_checks import (
     FSDP_NEEDS_A_DEVICE,

@@ -1,4 +1,4 @@
-"""The option matrix's GPU cells (accel_mnist/distributed/matrix.py): every strategy that runs on a
+"""The option matrix's GPU cells (tests/matrix.py): every strategy that runs on a
 GPU, at each precision, one process (the lent machine has one GPU), every option a cell. The
 groups run eight launches at a time (the models are small); MATRIX_OUT, where set, receives
 each cell's outcome and the mismatches as JSON."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from accel_mnist.distributed.matrix import groups
+from tests.matrix import groups
 from tests.matrix_worker import check_groups
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_mnist.distributed.launchers import free_port
+from accel_mnist.launch.launchers import free_port
 from tests.helpers import MNIST_DIR, REPO, console_script, real_mnist_present
 
 SCRIPT = REPO / "examples" / "deepspeed" / "train.sh"

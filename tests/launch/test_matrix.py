@@ -1,4 +1,4 @@
-"""The option matrix's CPU cells (accel_mnist/distributed/matrix.py `groups("cpu")`): one launch per
+"""The option matrix's CPU cells (tests/matrix.py `groups("cpu")`): one launch per
 strategy, precision and process count, every option a cell inside it, each compared with what the
 rules the runtime applies say it does. Synthetic data, two steps a cell."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from accel_mnist.distributed.matrix import groups
+from tests.matrix import groups
 from tests.matrix_worker import check_groups
 
 GROUPS = groups("cpu")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from accel_mnist.distributed.launchers import free_port
+from accel_mnist.launch.launchers import free_port
 from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch, console_script, real_mnist_present
 
 pytestmark = pytest.mark.slow

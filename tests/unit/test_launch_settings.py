@@ -8,8 +8,8 @@ import os
 import pytest
 
 from accel_mnist import TrainConfig
-from accel_mnist.distributed.launch_settings import check_launch
 from accel_mnist.errors import UsageError
+from accel_mnist.launch.settings import check_launch
 from tests.helpers import CONFIGS, REPO, WIZARD_MULTI_CPU
 
 
@@ -66,7 +66,7 @@ def test_process_count_check(argv, refused, tmp_path, no_accelerate_env):
     wizard = tmp_path / "wizard.yaml"
     wizard.write_text(WIZARD_MULTI_CPU)
     args = parsed_launch(*[str(wizard) if a == "WIZARD" else a for a in argv])
-    no_accelerate_env.setattr("accel_mnist.distributed.launch_settings.launcher_args", lambda: args)
+    no_accelerate_env.setattr("accel_mnist.launch.settings.launcher_args", lambda: args)
     no_accelerate_env.delenv("WORLD_SIZE", raising=False)
     if refused:
         with pytest.raises(UsageError, match="started only this one"):
@@ -77,6 +77,6 @@ def test_process_count_check(argv, refused, tmp_path, no_accelerate_env):
 
 def test_gradient_clipping_flag_outside_deepspeed_is_reported(no_accelerate_env):
     args = parsed_launch("--config_file", str(CONFIGS / "cpu.yaml"), "--gradient_clipping", "1.0")
-    no_accelerate_env.setattr("accel_mnist.distributed.launch_settings.launcher_args", lambda: args)
+    no_accelerate_env.setattr("accel_mnist.launch.settings.launcher_args", lambda: args)
     notes = check_launch(TrainConfig()).notes
     assert len(notes) == 1 and "--gradient_clipping 1.0 only applies to DeepSpeed" in notes[0]

@@ -15,10 +15,10 @@ import pytest
 
 from accel_mnist import TrainConfig
 from accel_mnist.cli import build_parser, config_from_args, main
-from accel_mnist.distributed.launch_settings import check_launch, zero3_init
-from accel_mnist.distributed.launchers import process_group_of_one
 from accel_mnist.distributed.strategy_checks import strategy_line
 from accel_mnist.errors import UsageError
+from accel_mnist.launch.launchers import process_group_of_one
+from accel_mnist.launch.settings import check_launch, zero3_init
 from tests.helpers import CONFIGS, REPO
 
 # What the launchers export; none of it may leak in from the shell that runs the tests.
@@ -120,7 +120,7 @@ def test_deepspeed_config_without_deepspeed_installed(env, capsys, tmp_path):
     ],
 )
 def test_a_json_under_accelerate_launch_of_another_strategy(env, capsys, tmp_path, yaml, env_vars, kind):
-    env.setattr("accel_mnist.distributed.launch_settings.launcher_args", lambda: parsed_launch("--config_file",
+    env.setattr("accel_mnist.launch.settings.launcher_args", lambda: parsed_launch("--config_file",
                 str(CONFIGS / yaml)))  # fmt: skip
     for key, value in {"ACCELERATE_MIXED_PRECISION": "no", **env_vars}.items():
         env.setenv(key, value)

@@ -1,4 +1,4 @@
-"""The option matrix's rules and tables (accel_mnist/distributed/matrix.py, option_rules.py),
+"""The option matrix's rules and tables (tests/matrix.py, option_rules.py),
 without running a cell: the launch and gpu tiers run them."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from dataclasses import fields
 import torch
 
 from accel_mnist import TrainConfig
-from accel_mnist.distributed import matrix
 from accel_mnist.distributed.option_rules import (
     Setup,
     buffers_change,
@@ -18,6 +17,7 @@ from accel_mnist.distributed.option_rules import (
     float_buffers,
 )
 from accel_mnist.training.step import to_memory_format
+from tests import matrix
 from tests.helpers import REPO
 
 
@@ -25,7 +25,7 @@ def test_the_docs_table_is_the_generated_one():
     text = (REPO / "docs" / "strategies.md").read_text()
     found = re.search(r"<!-- matrix:start -->\n(.*)\n<!-- matrix:end -->", text, re.DOTALL)
     assert found, "docs/strategies.md has no matrix block"
-    assert found.group(1) == matrix.tables(["cpu", "cuda"]), "run: python -m accel_mnist.distributed.matrix"
+    assert found.group(1) == matrix.tables(["cpu", "cuda"]), "run: python -m tests.matrix"
 
 
 def test_every_tagged_field_value_is_a_cell_and_configs_build():

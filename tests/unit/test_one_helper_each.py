@@ -11,9 +11,9 @@ import torch
 from accel_mnist.config import coerce, parse_bool
 from accel_mnist.data.device_loader import DeviceLoader
 from accel_mnist.data.tensor_dataset import ImageTensorDataset, Normaliser
-from accel_mnist.distributed.launch_settings import env_flag
 from accel_mnist.errors import UsageError, one_line
 from accel_mnist.files import read_json_if_valid, read_json_object, write_json_atomic
+from accel_mnist.launch.settings import env_flag
 
 
 @pytest.mark.parametrize("text", ["1", "true", "True", " YES ", "y", "t", "on", "ON"])

@@ -1,7 +1,7 @@
 """Launchers other than `accelerate launch`, and the DeepSpeed JSON a launch asks for.
 
 `accelerate launch` hands its settings to the workers in ACCELERATE_* variables (read in
-launch_settings.py). DeepSpeed's own launcher (`deepspeed --num_gpus N --module accel_mnist
+settings.py). DeepSpeed's own launcher (`deepspeed --num_gpus N --module accel_mnist
 train ...`), torchrun and a plain `python -m accel_mnist` hand over only the process-group
 variables, so there DeepSpeed runs only when `--deepspeed_config` (TrainConfig.deepspeed_config)
 names a JSON, and accel_mnist builds the DeepSpeedPlugin from it. This module finds the JSON

@@ -9,7 +9,7 @@ in accelerate_configs/, read as `accelerate launch` reads it), DeepSpeed JSONs n
 dynamo. Each cell's expected outcome comes from the rules the runtime applies (option_rules.py
 and the launch checks): it trains as asked, trains with one line saying what was changed, or
 stops before any output with one `error:` line. tests/launch/test_matrix.py and
-tests/gpu/test_matrix.py run the cells and compare; `python -m accel_mnist.distributed.matrix`
+tests/gpu/test_matrix.py run the cells and compare; `python -m tests.matrix`
 prints the table docs/strategies.md holds.
 """
 
@@ -20,10 +20,17 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..config import TrainConfig
-from .launchers import fp16_on_cpu
-from .option_rules import Setup, buffers_change, capture_refusal, channels_last_change, eager_line, float_buffers
-from .strategy_checks import FSDP_NEEDS_A_DEVICE
+from accel_mnist.config import TrainConfig
+from accel_mnist.distributed.option_rules import (
+    Setup,
+    buffers_change,
+    capture_refusal,
+    channels_last_change,
+    eager_line,
+    float_buffers,
+)
+from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE
+from accel_mnist.launch.launchers import fp16_on_cpu
 
 # Ways of running that are not TrainConfig fields: train(config, model=...), train(config,
 # train_data=..., test_data=...), and a run stopped after its first step and resumed.
@@ -104,8 +111,8 @@ def strategies() -> list[Strategy]:
 
     import yaml
 
-    from ..files import read_json_object
-    from ..shipped import shipped
+    from accel_mnist.files import read_json_object
+    from accel_mnist.shipped import shipped
 
     files = {key: file for key, file in shipped().items() if key.startswith("accelerate_configs/")}
     jsons = {key: read_json_object(Path(str(file))) for key, file in files.items() if key.endswith(".json")}
@@ -225,7 +232,7 @@ def _float_buffers(cell: Cell) -> bool:
 @functools.cache
 def _model_has_float_buffers(name: str, mlp_hidden: str | None) -> bool:
     # Once a model: a table asks it for every strategy and precision.
-    from ..models import build_model
+    from accel_mnist.models import build_model
 
     return float_buffers(build_model(name, mlp_hidden))
 
@@ -273,7 +280,7 @@ def tables(devices: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the tables: `python -m accel_mnist.distributed.matrix [cpu|cuda]` (default both)."""
+    """Print the tables: `python -m tests.matrix [cpu|cuda]` (default both)."""
     args = sys.argv[1:] if argv is None else argv
     print(tables(args or ["cpu", "cuda"]))
     return 0
