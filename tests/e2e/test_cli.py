@@ -64,6 +64,15 @@ def test_corrupt_data_file(tmp_path, mnist_dir):
     assert_one_line_error(proc, "t10k-labels-idx1-ubyte.gz")
 
 
+def test_batch_size_auto_without_a_gpu_says_why_and_writes_nothing(tmp_path, mnist_dir):
+    out = tmp_path / "run"
+    proc = run_cli("train", "--batch-size", "auto", "--data-dir", str(mnist_dir), "--no-download",
+                   "--output-dir", str(out), env={"CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+    assert_one_line_error(proc, "batch_size auto needs a GPU")
+    assert not out.exists()
+    assert_one_line_error(run_cli("train", "--batch-size", "0"), "--batch-size: must be >= 1 or auto")
+
+
 def test_finished_run_is_not_overwritten(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
