@@ -127,7 +127,10 @@ def plan_peak(
         return _fallback(trace, why_not_traced, f"the probe failed ({_short(exc)})")
     if probe.untrusted:
         return PeakPlan(trace=trace, probe=probe, unpredicted=f"cannot predict: {probe.untrusted}")
-    return PeakPlan(inputs=probed(base, probe, batch, config.eval_batch_size), trace=trace, probe=probe)
+    # A forward the meta device cannot run needs real values, and may take another path on another batch.
+    note = (f"peak memory: the probe measured the path its example images took; {why_not_traced}, so it may take "
+            "others on other batches") if trace is None else None  # fmt: skip
+    return PeakPlan(inputs=probed(base, probe, batch, config.eval_batch_size), trace=trace, probe=probe, note=note)
 
 
 def _fallback(trace: PeakInputs | None, why_not_traced: str, why_not_probed: str) -> PeakPlan:

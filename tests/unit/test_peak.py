@@ -208,3 +208,25 @@ def test_the_report_sets_the_predicted_peak_beside_the_measured(tmp_path):
     record = {"memory": next(r["memory"] for r in rows if r["name"] == "zero3-mlp121m-b64")}
     assert "3993.3 / 3992.7" in memory_table(["zero3"], [record])  # measured / predicted peak allocated, MiB
     assert plot_memory(record, "zero3", tmp_path / "memory.png").stat().st_size > 0
+
+
+def test_a_model_only_the_probe_runs_is_predicted_with_a_line_on_its_paths(monkeypatch):
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from accel_mnist.config import TrainConfig
+    from accel_mnist.memory import plan as plan_module
+    from accel_mnist.memory.probe import Line, Probe
+
+    measured = Probe(Line(1 << 20, 1000.0, 0.0), Line(1 << 20, 500.0, 0.0), (16, 32, 64), 0.1)
+    monkeypatch.setattr(plan_module, "measure", lambda *args, **kwargs: measured)  # the GPU's answer
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), autocast=nullcontext,
+                          state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))  # fmt: skip
+    plan = plan_module.plan_peak(gpu, TrainConfig(), {"mixed_precision": "bf16"}, NeedsValues(), (1, 28, 28), 0,
+                                 lambda m, x, y, dtype: m(x).sum())  # fmt: skip
+    assert plan.inputs is not None and plan.inputs.source == "probe" and plan.trace is None
+    assert plan.note.startswith("peak memory: the probe measured the path its example images took")
+    assert "does not run on the meta device" in plan.note
+    traced = plan_module.plan_peak(gpu, TrainConfig(), {"mixed_precision": "bf16"}, tiny_model(), (1, 28, 28), 0,
+                                   lambda m, x, y, dtype: m(x).sum())  # fmt: skip
+    assert traced.note is None and traced.trace is not None
