@@ -61,12 +61,10 @@ def plan_memory(
 
     # Real images, as the loader normalises them: a forward that branches on its inputs' values takes their path.
     examples = torch.stack([run_data.train[i][0] for i in range(min(64, len(run_data.train)))])
-    plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, examples=examples)
-    if (
-        config.cuda_graph
-        and capture_refusal(Setup.of(accelerator), config, CAPTURED_NAMES.get(config.optimizer, "")) is None
-    ):
-        plan = plan.refused(CAPTURED)  # the step will be captured (training/step.py)
+    if captured(Setup.of(accelerator), config):  # no probe: its number would not hold (memory/plan.py, CAPTURED)
+        plan = PeakPlan().refused(CAPTURED)
+    else:
+        plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, examples=examples)
     numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
     if auto:
 
