@@ -47,7 +47,7 @@ def plan_memory(
 ) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
     """The config with `batch_size: auto` settled (a resumed run keeps its checkpoint's batch) and the peak's
     plan at that batch: probed on a GPU before anything else is placed there (memory/plan.py)."""
-    auto = config.batch_size == AUTO_BATCH
+    auto = was_auto = config.batch_size == AUTO_BATCH
     if auto and saved and saved.get("batch_size"):
         config = config.replace(batch_size=int(saved["batch_size"]))
         accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
@@ -73,6 +73,8 @@ def plan_memory(
                              batches=probe_batches(batch, limit=batch), examples=examples)  # fmt: skip
 
         config, plan = _auto_batch(accelerator, config, plan, numels, setup, len(run_data.train), probe_at)
+    if was_auto:  # DeepSpeed's batch settings were left for this (distributed/strategy.py)
+        set_batch(accelerator, config.batch_size)
     for said in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
         if said:
             accelerator.print(said if said.startswith("peak memory") else f"peak memory: {said}")
@@ -105,7 +107,6 @@ def _auto_batch(
         plan, settled, batch = again, closer == batch, closer
         if settled:
             break
-    set_batch(accelerator, batch)  # DeepSpeed's batch settings were left for this (distributed/strategy.py)
     accumulation, processes = accelerator.gradient_accumulation_steps, accelerator.num_processes
     said = auto_line(plan, numels, setup, room, batch, samples)
     accelerator.print(f"{said}; global batch {global_batch(batch, accumulation, processes)}; "

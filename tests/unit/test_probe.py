@@ -131,3 +131,16 @@ def test_a_captured_step_is_not_predicted():
     assert not captured(gpu, graph.replace(optimizer="sgd"))  # the eager step runs: predicted as usual
     plan = PeakPlan(inputs=probed(base(), probe(), 512, 1000)).refused(CAPTURED)
     assert plan.inputs is None and plan.predicted(NUMELS, SETUP)["peak_unpredicted"].startswith("cannot predict")
+
+
+def test_a_batch_settled_after_the_accelerator_is_built_reaches_deepspeeds_config():
+    from types import SimpleNamespace
+
+    from accel_mnist.distributed.strategy import set_batch
+
+    ds = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"}
+    plugin = SimpleNamespace(deepspeed_config=ds)
+    set_batch(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin), gradient_accumulation_steps=2,
+                              num_processes=4), 300)  # fmt: skip
+    assert ds == {"train_micro_batch_size_per_gpu": 300, "train_batch_size": 2400}
+    set_batch(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), 300)  # no DeepSpeed: nothing to write
