@@ -76,12 +76,15 @@ class _BoolFlag(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:  # fmt: skip
-        negated = bool(option_string and option_string.startswith("--no-"))
+        flag = option_string or ""
+        negated = flag.startswith("--no-")
         if values is None:
             setattr(namespace, self.dest, not negated)
             return
+        if negated:
+            parser.error(f"{flag} takes no value; use --{flag[5:]} {values}")
         parsed = parse_bool(str(values))
-        if negated or parsed is None:
+        if parsed is None:
             parser.error(f"{option_string}: expected true or false, got {values!r}")
         setattr(namespace, self.dest, parsed)
 

@@ -42,7 +42,7 @@ def test_a_command_freezes_what_its_imports_left(argv, tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == "collector True True", proc.stdout + proc.stderr[-2000:]
 
 
-def test_boolean_flags_take_a_value_as_accelerates_do():
+def test_boolean_flags_take_a_value_as_accelerates_do(capsys):
     from accel_mnist.cli import build_parser, config_from_args
 
     parser = build_parser()
@@ -55,7 +55,9 @@ def test_boolean_flags_take_a_value_as_accelerates_do():
     assert parsed("--no-cycle-momentum").cycle_momentum is False
     assert parsed("--plots", "--model", "mlp").plots is True  # no value: true, and the next flag still read
     assert parsed("--plots", "0").plots is False
-    for argv in (["--cycle-momentum", "maybe"], ["--no-plots", "true"]):
+    for argv, said in ((["--cycle-momentum", "maybe"], "expected true or false, got 'maybe'"),
+                       (["--no-plots", "false"], "--no-plots takes no value; use --plots false")):  # fmt: skip
         with pytest.raises(SystemExit) as excinfo:
             parser.parse_args(["train", *argv])
         assert excinfo.value.code == 2
+        assert said in capsys.readouterr().err
