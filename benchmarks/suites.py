@@ -220,11 +220,6 @@ H200_SPEED: list[Row] = [
      "fast99_graph.yaml in bf16 (seeds 0 and 1), phase by phase", "needs": "recipe",
      "cmd": [*PLAIN_GRAPH_BF16, "--timeline"],
      "parse": "json_line", "seeds": [0, 1], "budget": 30},
-    *[{"name": f"first_cuda_ops{suffix}", "group": "startup_overlap", "what": f"a fresh process's first GPU work "
-       f"stage by stage (bncnn b512){what}", "cmd": ["{python}", "-m", "benchmarks.first_cuda_ops", *flags],
-       "parse": "json_line", "repeat": 2, "budget": 25}
-      for suffix, flags, what in (("", [], ""), ("_overlap", ["--overlap"], ", torch._dynamo imported on a thread "
-                                                                             "meanwhile"))],
     {"name": "seed_zero2_epoch1", "group": "seed_epoch1", "what": "the seed's setup (h200's seed_zero2), one "
      "epoch evaluated every 100 steps (off the clock): where in the epoch the first epoch's extra seconds go",
      "cmd": [*SEED_ZERO2, "--epochs", "1", "--eval-every", "100"], "parse": "curve", "target": 0.99, "repeat": 1,
