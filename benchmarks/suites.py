@@ -42,6 +42,22 @@ SEED_TRAIN = ["-m", "accel_mnist", "train", "--model", "linear", "--batch-size",
               "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
               "--no-save-checkpoints", "--prewarm"]  # fmt: skip
 SEED_ZERO2 = [*SEED_LAUNCH, *SEED_TRAIN]
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+# The seed's step in DeepSpeed's bare engine (benchmarks/zero_step_overhead.py): 900 steps after 50 untimed.
+BARE_ZERO2 = ["{python}", "-m", "benchmarks.zero_step_overhead", "--variants", "zero2", "--steps", "900",
+              "--repeats", "1"]  # fmt: skip
+
+
+def _step_row(name: str, what: str, model: str = "linear", threads: int = 2, steps: int = 300,
+              gather: str | None = None) -> Row:  # fmt: skip
+    """A row of the CPU step group: accel_mnist's step against the plain loop (benchmarks/cpu_overhead.py)."""
+    return {"name": name, "group": "step", "what": what,
+            "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", model, "--threads", str(threads),
+                    "--repeats", "3", "--steps", f"{model}={steps}", *(["--plain-gather", gather] if gather else []),
+                    "--out", "{run}"],
+            "env": NO_GPU, "parse": "json_line", "repeat": 1}  # fmt: skip
+
+
 CPU: list[Row] = [
     {"name": "floor", "group": "startup", "what": "python -c 'import torch, accelerate; torch.optim.Adam(...)'",
      "cmd": ["{python}", "-c", FLOOR], "parse": "wall", "repeat": 5},
@@ -49,38 +65,24 @@ CPU: list[Row] = [
      "cmd": ["{accel_mnist}", *ONE_STEP], "parse": "wall", "repeat": 5},
     {"name": "one_step_timeline", "group": "timeline", "what": "the same command in-process, phase by phase",
      "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "parse": "json_line", "repeat": 3},
-    {"name": "step_overhead", "group": "step", "what": "linear b64, 2 threads: accel_mnist step vs the plain loop",
-     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "2", "--repeats", "3",
-             "--steps", "linear=300", "--out", "{run}"],
-     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
-    {"name": "step_overhead_loop_only", "group": "step", "what": "the same, the plain loop gathering from a split "
-     "normalised once, as the DeviceLoader does (the loops alone)",
-     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "2", "--repeats", "3",
-             "--steps", "linear=300", "--plain-gather", "normalised", "--out", "{run}"],
-     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
-    {"name": "step_overhead_1thread", "group": "step", "what": "the same with 1 thread (less exposed to other load "
-     "on a shared machine)",
-     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "linear", "--threads", "1", "--repeats", "3",
-             "--steps", "linear=300", "--out", "{run}"],
-     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
-    {"name": "step_overhead_bncnn", "group": "step", "what": "bncnn b64, 2 threads, the plain loop gathering from "
-     "a split normalised once: the loops alone on a model of 100k parameters",
-     "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", "bncnn", "--threads", "2", "--repeats", "3",
-             "--steps", "bncnn=120", "--plain-gather", "normalised", "--out", "{run}"],
-     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+    _step_row("step_overhead", "linear b64, 2 threads: accel_mnist step vs the plain loop"),
+    _step_row("step_overhead_loop_only", "the same, the plain loop gathering from a split normalised once, as the "
+              "DeviceLoader does (the loops alone)", gather="normalised"),
+    _step_row("step_overhead_1thread", "the same with 1 thread (less exposed to other load on a shared machine)",
+              threads=1),
+    _step_row("step_overhead_bncnn", "bncnn b64, 2 threads, the plain loop gathering from a split normalised once: "
+              "the loops alone on a model of 100k parameters", model="bncnn", steps=120, gather="normalised"),
     {"name": "loader_overhead", "group": "step", "what": "per-batch cost: DeviceLoader vs an on-device dataset with "
      "__getitems__ in an Accelerate-prepared DataLoader (batch 64)",
      "cmd": ["{python}", "-m", "benchmarks.loader_overhead", "--threads", "2"],
-     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 1},
+     "env": NO_GPU, "parse": "json_line", "repeat": 1},
     {"name": "seed_zero2_step", "group": "zero_step", "what": "the seed's setup through accel_mnist on CPU "
      "(zero2.yaml, 1 process, fp32: fp16 does not run on CPU), one epoch: ms/step past the first",
      "cmd": [*SEED_LAUNCH, "--mixed_precision", "no", *SEED_TRAIN, "--epochs", "1"],
-     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "results", "repeat": 5},
+     "env": NO_GPU, "parse": "results", "repeat": 5},
     {"name": "zero_step_bare", "group": "zero_step", "what": "the same step in DeepSpeed's bare engine "
      "(deepspeed.initialize, no Accelerate): 900 steps after 50 untimed",
-     "cmd": ["{python}", "-m", "benchmarks.zero_step_overhead", "--variants", "zero2", "--steps", "900",
-             "--repeats", "1"],
-     "env": {"CUDA_VISIBLE_DEVICES": ""}, "parse": "json_line", "repeat": 5},
+     "cmd": BARE_ZERO2, "env": NO_GPU, "parse": "json_line", "repeat": 5},
 ]  # fmt: skip
 
 # One call of at most 10 minutes on one H200: the rows' budgets add up to 565 s, the most
@@ -230,8 +232,7 @@ H200_SPEED: list[Row] = [
      "target": 0.99, "repeat": 5, "budget": 230},
     {"name": "zero_step_pair", "group": "seed_pairs", "what": "the seed's step in DeepSpeed's bare engine, "
      "ZeRO-2 fp16, 900 steps after 50 untimed",
-     "cmd": ["{python}", "-m", "benchmarks.zero_step_overhead", "--variants", "zero2", "--steps", "900",
-             "--repeats", "1"], "parse": "json_line", "repeat": 5, "budget": 125},
+     "cmd": BARE_ZERO2, "parse": "json_line", "repeat": 5, "budget": 125},
     *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
        f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
        "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
@@ -249,7 +250,7 @@ MLP = ["--model", "mlp", "--batch-size", "64", "--mlp-hidden"]
 CPU_WIDE = [*MLP, "2048,2048,2048", "--max-steps", "20"]
 CLIENT_MLP = [*MLP, ",".join(["4096"] * 8), "--max-steps", "30"]  # 121M parameters: a client's model
 LINEAR = ["--model", "linear", "--batch-size", "64"]
-CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+CPU_ENV = {**NO_GPU, "OMP_NUM_THREADS": "1"}
 
 
 def _launch(config: str, processes: int, *extra: str) -> list[str]:
