@@ -1,10 +1,7 @@
-"""Optimizer and learning-rate schedule: from the TrainConfig, or from a DeepSpeed JSON's own
-`optimizer` / `scheduler` sections (which then win, as Accelerate requires).
+"""The TrainConfig's optimizer and learning-rate schedule, as torch builds them.
 
-A DeepSpeed JSON that brings its own optimizer or schedule cannot be combined with torch objects
-built here: Accelerate wants `DummyOptim` / `DummyScheduler` placeholders, and DeepSpeed builds
-and steps the real ones inside the engine. "auto" values in those sections are filled from the
-TrainConfig before anything runs, so that a key nobody can fill stops the run early.
+Where a strategy brings its own (a DeepSpeed JSON's `optimizer` / `scheduler` sections), the
+strategy's room decides: distributed/deepspeed_optim.py.
 """
 
 from __future__ import annotations
@@ -16,23 +13,11 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from .config import TrainConfig
-from .errors import UsageError
-
-# The TrainConfig's optimizer names as DeepSpeed's JSON spells them (DeepSpeed lowercases its own).
-_DS_NAMES = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "adadelta": "adadelta"}
-# "auto" keys of the JSON's scheduler params that the TrainConfig (or the run's length) fills.
-_SCHEDULER_AUTO = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_num_steps")
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, deepspeed_plugin: Any = None) -> Any:
-    """A plain torch optimizer (under DeepSpeed, Accelerate wraps it in the ZeRO optimizer), or
-    Accelerate's DummyOptim when the DeepSpeed JSON has its own optimizer section."""
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The TrainConfig's torch optimizer over the model's parameters."""
     params = model.parameters()
-    if deepspeed_plugin is not None and "optimizer" in deepspeed_plugin.deepspeed_config:
-        from accelerate.utils import DummyOptim
-
-        section = deepspeed_plugin.deepspeed_config["optimizer"].get("params", {})
-        return DummyOptim(params, lr=section.get("lr", config.lr), weight_decay=section.get("weight_decay", 0.0))
     wd = config.weight_decay
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, weight_decay=wd)
@@ -41,33 +26,6 @@ def build_optimizer(model: nn.Module, config: TrainConfig, deepspeed_plugin: Any
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=wd)
     return torch.optim.Adadelta(params, lr=config.lr, weight_decay=wd)
-
-
-def build_scheduler(
-    optimizer: Any, config: TrainConfig, total_steps: int, steps_per_epoch: int, deepspeed_plugin: Any = None
-) -> Any:
-    """A schedule stepped once per optimizer step (`total_steps` of them on each process).
-
-    Under a DeepSpeed JSON with a scheduler section: Accelerate's DummyScheduler, and DeepSpeed
-    builds the JSON's schedule. With only an optimizer section, the TrainConfig's schedule is
-    built by DeepSpeed on its own optimizer (Accelerate allows no torch schedule next to a
-    DummyOptim). Either way the engine steps it, and the loop's `scheduler.step()` is a no-op.
-    """
-    ds = deepspeed_plugin.deepspeed_config if deepspeed_plugin is not None else {}
-    if "scheduler" in ds:
-        from accelerate.utils import DummyScheduler
-
-        params = ds["scheduler"].setdefault("params", {})
-        if params.get("total_num_steps") == "auto":
-            params["total_num_steps"] = max(total_steps, 1)
-        return DummyScheduler(optimizer)
-    if "optimizer" in ds:
-        from accelerate.utils import DummyScheduler
-
-        return DummyScheduler(
-            optimizer, lr_scheduler_callable=lambda opt: torch_scheduler(opt, config, total_steps, steps_per_epoch)
-        )
-    return torch_scheduler(optimizer, config, total_steps, steps_per_epoch)
 
 
 def torch_scheduler(
@@ -95,81 +53,3 @@ def is_constant(scheduler: Any) -> bool:
     """Whether `scheduler` (prepared by Accelerate or not) is the 'none' schedule: stepping it changes nothing."""
     inner = getattr(scheduler, "scheduler", scheduler)
     return isinstance(inner, torch.optim.lr_scheduler.LambdaLR) and all(f is constant for f in inner.lr_lambdas)
-
-
-def check_deepspeed_optim(ds: dict[str, Any], config: TrainConfig) -> list[str]:
-    """Check a DeepSpeed JSON's optimizer/scheduler sections and fill their "auto" values from
-    the TrainConfig (total_num_steps waits for build_scheduler). Returns a note saying what the
-    JSON overrides; raises UsageError for a section DeepSpeed would reject later."""
-    notes = []
-    if "optimizer" in ds:
-        notes += _check_optimizer(ds, config)
-    if "scheduler" in ds:
-        notes += _check_scheduler(ds, config)
-    if not notes:
-        return []
-    return ["the DeepSpeed JSON's own settings win over the training config's: " + "; ".join(notes)]
-
-
-def _section(ds: dict[str, Any], key: str) -> tuple[str, dict[str, Any]]:
-    section = ds[key]
-    if not isinstance(section, dict) or not isinstance(section.get("type"), str):
-        raise UsageError(f'DeepSpeed JSON: "{key}" needs a "type" (e.g. {{"type": "AdamW", "params": {{...}}}})')
-    params = section.setdefault("params", {})
-    if not isinstance(params, dict):
-        raise UsageError(f'DeepSpeed JSON: "{key}.params" must be an object')
-    return section["type"], params
-
-
-def _check_optimizer(ds: dict[str, Any], config: TrainConfig) -> list[str]:
-    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
-    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
-
-    name, params = _section(ds, "optimizer")
-    known_to_ds = name.lower() in DEEPSPEED_OPTIMIZERS
-    torch_cls = getattr(torch.optim, name, None)
-    if not known_to_ds and not (isinstance(torch_cls, type) and issubclass(torch_cls, torch.optim.Optimizer)):
-        raise UsageError(
-            f"DeepSpeed JSON: optimizer type {name!r} is neither DeepSpeed's ({', '.join(DEEPSPEED_OPTIMIZERS)}) "
-            "nor a torch.optim class"
-        )
-    # What accel_mnist's own optimizers would use, so that "auto" means the same run as without the JSON.
-    auto = {"lr": config.lr, "weight_decay": config.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
-            "momentum": config.momentum}  # fmt: skip
-    for key, value in params.items():
-        if value == "auto":
-            if key not in auto:
-                raise UsageError(f'DeepSpeed JSON: optimizer.params.{key} is "auto", which nothing fills; set it')
-            params[key] = auto[key]
-    if not known_to_ds and torch_cls not in ZERO_SUPPORTED_OPTIMIZERS and ds.get("zero_optimization", {}).get("stage"):
-        # Accelerate sets this for every torch optimizer it is given; the JSON's torch one is no different.
-        ds.setdefault("zero_allow_untested_optimizer", True)
-    notes = []
-    if name.lower() != _DS_NAMES[config.optimizer]:
-        notes.append(f"optimizer {name} (training config: {config.optimizer})")
-    for key in ("lr", "weight_decay"):
-        theirs, ours = params.get(key, 0.0 if key == "weight_decay" else None), getattr(config, key)
-        if theirs is not None and theirs != ours:
-            notes.append(f"{key} {theirs} (training config: {ours})")
-    return notes
-
-
-def _check_scheduler(ds: dict[str, Any], config: TrainConfig) -> list[str]:
-    from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
-
-    name, params = _section(ds, "scheduler")
-    if name not in VALID_LR_SCHEDULES and not hasattr(torch.optim.lr_scheduler, name):
-        raise UsageError(
-            f"DeepSpeed JSON: scheduler type {name!r} is neither DeepSpeed's ({', '.join(VALID_LR_SCHEDULES)}) "
-            "nor a torch.optim.lr_scheduler class"
-        )
-    peak = ds.get("optimizer", {}).get("params", {}).get("lr", config.lr)
-    # As Accelerate fills them (Accelerator._prepare_deepspeed): warmup from 0 to the optimizer's
-    # lr; the TrainConfig has no warmup length, and DeepSpeed >= 0.19.6 refuses 0 steps, so 1.
-    auto = {"warmup_min_lr": 0.0, "warmup_max_lr": peak, "warmup_num_steps": 1}
-    for key, value in params.items():
-        if value == "auto" and key not in _SCHEDULER_AUTO:
-            raise UsageError(f'DeepSpeed JSON: scheduler.params.{key} is "auto", which nothing fills; set it')
-        if value == "auto" and key in auto:
-            params[key] = auto[key]
-    return [f"scheduler {name} (training config: {config.scheduler})"] if config.scheduler != "none" else []

@@ -94,7 +94,8 @@ def measure(args) -> int:
         print("memory.py: skipped: no CUDA GPU here (it measures torch.cuda.max_memory_allocated)")
         return 0
     from accel_mnist.config import TrainConfig
-    from accel_mnist.distributed.strategy import build_accelerator, strategy_fields
+    from accel_mnist.distributed.accelerator import build_accelerator
+    from accel_mnist.distributed.strategy import Strategy
 
     config = TrainConfig(model="mlp", batch_size=args.batch_size, lr=1e-4)
     handlers = []
@@ -112,7 +113,7 @@ def measure(args) -> int:
     # fused: one kernel and no temporaries; the default (foreach) makes a full-size sqrt(v) temporary.
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True if args.fused_adam else None)
     model, optimizer = accelerator.prepare(model, optimizer)
-    strategy = strategy_fields(accelerator)
+    strategy = Strategy.of(accelerator).fields()
     stage = strategy["zero_stage"]
     name = args.label or (f"zero{stage}" if strategy["distributed_type"] == "DEEPSPEED" else "ddp")
     input_dtype = next(model.parameters()).dtype

@@ -27,7 +27,8 @@ def variant(model_name: str, batch: int, steps: int, profile_steps: int, graph: 
             folder: str) -> dict[str, Any]:  # fmt: skip
     """Time and profile one variant's step."""
     from accel_mnist import TrainConfig
-    from accel_mnist.distributed.strategy import build_accelerator, prepare
+    from accel_mnist.distributed.accelerator import build_accelerator
+    from accel_mnist.distributed.prepare import prepare
     from accel_mnist.models import build_model
     from accel_mnist.training.step import build_step, to_memory_format
 

@@ -485,7 +485,7 @@ def digit_picture(image):
 def train_and_export(root: Path) -> tuple[Path, dict]:
     """(export dir, training results) of a linear model trained for 200 steps on the real MNIST files."""
     from accel_mnist import TrainConfig, train
-    from accel_mnist.distributed.strategy import build_accelerator
+    from accel_mnist.distributed.accelerator import build_accelerator
     from accel_mnist.export.model_dir import full_state_dict, save_exported
     from accel_mnist.models import build_model
 

@@ -22,13 +22,13 @@ from typing import Any
 
 from accel_mnist.config import TrainConfig
 from accel_mnist.distributed.option_rules import (
-    Setup,
     buffers_change,
     capture_refusal,
     channels_last_change,
     eager_line,
     float_buffers,
 )
+from accel_mnist.distributed.strategy import Strategy as RunStrategy
 from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE
 from accel_mnist.launch.launchers import fp16_on_cpu
 
@@ -202,7 +202,7 @@ def expect(strategy: Strategy, precision: str, device: str, processes: int, cell
     config = cell.config()
     kind = launch_kind(strategy, processes)
     grad_accum = config.grad_accum or 1
-    setup = Setup(kind=kind, device=device, precision=precision, grad_accum=grad_accum,
+    setup = RunStrategy(kind=kind, device=device, precision=precision, grad_accum=grad_accum,
                   dynamo=DYNAMO_BACKEND[device] if strategy.dynamo else "no", zero_stage=strategy.zero_stage,
                   fsdp_version=strategy.fsdp_version, scaler=precision == "fp16" and kind != "DEEPSPEED")  # fmt: skip
     lines = []

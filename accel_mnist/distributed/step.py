@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from ..config import TrainConfig
-from .strategy_checks import REPLICATED
+from .strategy import REPLICATED
 
 
 def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:

@@ -1,330 +1,255 @@
-"""Build the Accelerator from the accelerate config, and record what it chose (strategy_fields).
+"""The strategy a launch set up, described once: a frozen `Strategy` value.
 
-This is the one place that knows about strategies: it reconciles the accelerate config
-(DDP, DeepSpeed or FSDP, ZeRO stage, offload, mixed precision, dynamo) with the TrainConfig
-(batch size, accumulation, clipping), so that the training loop never has to ask which
-strategy runs. What the launcher and accelerate config ask for is read in launch/settings.py
-(before the Accelerator exists); what Accelerate then set up is checked in strategy_checks.py.
+It is worked out once from the live Accelerator (`Strategy.of`), written into results.json and
+each checkpoint's trainer_state.json (`fields`), and read back from them (`from_fields`). Code
+outside this room asks it questions (how a throwaway copy of the model computes, whether the
+strategy steps a DeepSpeed engine of its own, whether a checkpoint resumes here, what to call it)
+instead of branching on the distributed type itself; tests/unit/test_house.py reads the code and
+holds that line. The option rules (option_rules.py) and the option matrix (tests/matrix.py) take
+the same value, written down for a cell.
+
+Pure Python at import: `accel-mnist estimate` and `report` read it without torch's start-up.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
-from datetime import timedelta
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import torch
-from accelerate import Accelerator
-from accelerate.logging import get_logger
-from accelerate.utils import AutocastKwargs, DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
-
-from ..config import AUTO_BATCH, TrainConfig
 from ..errors import UsageError
-from ..launch.elastic import join_restarted_group
-from ..launch.launchers import (
-    WITHOUT_DEEPSPEED,
-    env_flag,
-    fp16_on_cpu,
-    process_group_of_one,
-    started_by_deepspeed_launcher,
-)
-from ..launch.settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch
-from ..launch.watch import watch_launcher
-from ..optim import build_optimizer, build_scheduler, check_deepspeed_optim
-from .deepspeed_ops import align_cuda_arch_list
-from .deepspeed_plugin import fresh_json_values, process_deepspeed_plugin
-from .step import ddp_side_stream, direct_steps
-from .strategy_checks import (
-    FSDP_NEEDS_A_DEVICE,
-    check_strategy,
-    fsdp_and_dynamo_fields,
-    loads_universal,
-    multi_process_device_available,
-    strategy_line,
-)
 
-logger = get_logger(__name__)
+# Strategies in which every process holds the whole model and optimizer (DistributedType is a str
+# enum, so its members compare equal to these names).
+REPLICATED = ("NO", "MULTI_CPU", "MULTI_GPU")
+SIXTEEN_BIT_NAMES = ("fp16", "bf16")
 
 
-def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: Any) -> Accelerator:
-    """An Accelerator for `config`, with the strategy taken from the accelerate config/env, or
-    from `config.deepspeed_config` under any launcher.
+@dataclass(frozen=True)
+class CopyPrecision:
+    """How a throwaway copy of the model (prewarm's, the memory probe's) computes as the prepared model does."""
 
-    Resolves `config.grad_accum` (in place) from the launcher when the config leaves it unset,
-    and raises UsageError, before anything is written, for any launcher setting the loop cannot
-    honour, and where the launch asks for a strategy that Accelerate would not set up (it would
-    train another one without a word). With `announce` (a training run), the main process
-    prints the strategy line first: strategy, precision, world size, device.
-    """
-    watch_launcher()  # a worker whose launcher died exits rather than train on as an orphan
-    launch = check_launch(config)
-    grad_accum = launch.grad_accum
-    use_deepspeed = launch.use_deepspeed
-    arch_note = align_cuda_arch_list(use_deepspeed)  # in every process, before DeepSpeed builds an op
-    use_fsdp = env_flag("ACCELERATE_USE_FSDP")
-    if use_deepspeed and kwargs.get("cpu"):
-        raise UsageError(DEEPSPEED_WITH_CPU)
-    if use_deepspeed:
-        process_group_of_one()  # where no launcher set one up: DeepSpeed needs it even alone
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    # DeepSpeed calls torch collectives that torch has deprecated, and torch warns on every
-    # call: under ZeRO-3 that is several lines per step, drowning everything else.
-    warnings.filterwarnings(
-        "ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).* is deprecated", category=FutureWarning
-    )
-    handlers = list(kwargs.pop("kwargs_handlers", []))
-    if config.cuda_graph:  # autocast's weight cache would keep casts made during capture (torch.cuda.graphs docs)
-        handlers.append(AutocastKwargs(cache_enabled=False))
-    _place_processes(use_fsdp, use_deepspeed, world_size, handlers, kwargs)
-    join_restarted_group()  # after a torchrun restart: a process group on fresh store keys
-    accelerator = Accelerator(
-        # An explicit plugin, with the accumulation check_launch resolved from both sides.
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=grad_accum),
-        # Our schedules count optimizer steps on one process; Accelerate's default would step
-        # them num_processes times per step under DDP but once under DeepSpeed.
-        step_scheduler_with_optimizer=False,
-        deepspeed_plugin=process_deepspeed_plugin(launch),
-        kwargs_handlers=handlers,
-        log_with=None if config.report_to == "none" else config.report_to,
-        project_dir=config.output_dir,
-        **kwargs,
-    )
-    fresh_json_values(accelerator)
-    if config.cudnn_benchmark:
-        torch.backends.cudnn.benchmark = True
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UsageError(fp16_on_cpu(launch.deepspeed_json))
-    check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size)
-    notes = _align_and_collect_notes(accelerator, config, launch, arch_note)
-    if announce:  # before the notes: the first line of a run says what runs
-        accelerator.print(strategy_line(strategy_fields(accelerator)))
-    for note in notes:
-        logger.warning(note)  # main process only: once per run
-    return accelerator
+    weights: str | None  # "fp16"/"bf16": the copy's weights and buffers take it; None: they stay as they are
+    autocast: bool  # its forward runs under the Accelerator's autocast (a no-op where the Accelerator has none)
 
 
-def _place_processes(
-    use_fsdp: bool, use_deepspeed: bool, world_size: int, handlers: list[Any], kwargs: dict[str, Any]
-) -> None:
-    """Refuse FSDP without a device; join the processes of a launch on a machine without an
-    accelerator (over gloo under DeepSpeed, else on the CPU), through `handlers` and `kwargs`."""
-    if use_fsdp and (env_flag("ACCELERATE_USE_CPU") or kwargs.get("cpu")):
-        # Accelerate would quietly train without it; a user who asked for sharding should know.
-        raise UsageError(
-            "FSDP was requested together with --cpu/use_cpu, and Accelerate would silently drop FSDP; "
-            "leave out --cpu (FSDP needs a GPU)"
+AS_PREPARED_ELSEWHERE = CopyPrecision(None, autocast=True)  # one process and DDP: fp32 weights under autocast
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """What the accelerate config resolved to: DistributedType name, device, precision and the rest."""
+
+    kind: str = "NO"  # DistributedType's value: NO, MULTI_CPU, MULTI_GPU, DEEPSPEED, FSDP, ...
+    device: str = "cpu"
+    precision: str = "no"  # Accelerate's mixed_precision: no, fp16, bf16, fp8
+    num_processes: int = 1
+    grad_accum: int = 1
+    dynamo: str = "no"  # dynamo's backend, lower case
+    zero_stage: int = 0  # DeepSpeed only
+    offload_optimizer: str = "none"  # DeepSpeed only: none, cpu or nvme
+    offload_param: str = "none"
+    fsdp_version: int = 0  # FSDP only
+    fsdp_state_dict_type: str = ""
+    fsdp_offload_params: bool = False
+    fsdp_use_orig_params: bool = True
+    scaler: bool = False  # a torch grad scaler: fp16 outside DeepSpeed
+
+    @classmethod
+    def of(cls, accelerator: Any) -> Strategy:
+        """The Strategy of a live Accelerator (public attributes only)."""
+        state = accelerator.state
+        kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+        extra: dict[str, Any] = {}
+        plugin = getattr(state, "deepspeed_plugin", None)
+        if plugin is not None and kind == "DEEPSPEED":
+            zero = plugin.deepspeed_config.get("zero_optimization", {})
+            extra.update(
+                zero_stage=int(plugin.zero_stage),
+                offload_optimizer=str(zero.get("offload_optimizer", {}).get("device", "none")),
+                offload_param=str(zero.get("offload_param", {}).get("device", "none")),
+            )
+        fsdp = getattr(state, "fsdp_plugin", None)
+        if fsdp is not None and kind == "FSDP":
+            extra.update(
+                fsdp_version=int(fsdp.fsdp_version),
+                fsdp_state_dict_type=str(getattr(fsdp.state_dict_type, "name", fsdp.state_dict_type)),
+                fsdp_offload_params=_offloads(fsdp.cpu_offload),
+                fsdp_use_orig_params=bool(fsdp.use_orig_params) if fsdp.fsdp_version == 1 else True,
+            )
+        return cls(
+            kind=kind,
+            device=accelerator.device.type,
+            precision=str(accelerator.mixed_precision),
+            num_processes=int(accelerator.num_processes),
+            grad_accum=int(accelerator.gradient_accumulation_steps),
+            dynamo=str(state.dynamo_plugin.backend.value).lower(),
+            scaler=accelerator.scaler is not None,
+            **extra,
         )
-    has_device = multi_process_device_available()
-    if use_fsdp and not has_device:
-        raise UsageError(FSDP_NEEDS_A_DEVICE)
-    if world_size > 1 and not has_device:
-        # Started by torchrun on a machine without an accelerator, Accelerate would pick no
-        # process-group backend and run each process as its own world of one: every rank would
-        # train on all the data (and DeepSpeed's batch-size check fails). Join them over gloo.
-        if use_deepspeed:
-            handlers.append(InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=10)))
-        else:
-            kwargs.setdefault("cpu", True)
 
-
-def _align_and_collect_notes(
-    accelerator: Accelerator, config: TrainConfig, launch: LaunchSettings, arch_note: str | None
-) -> list[str]:
-    """DeepSpeed's settings made the TrainConfig's (_align_deepspeed), and what to tell the user:
-    the launch's notes, those of the alignment, the CUDA arch list's, a DeepSpeed launcher's."""
-    notes = [
-        *launch.notes,
-        *_align_deepspeed(accelerator, config, launch.grad_accum),
-        *([arch_note] if arch_note else []),
-    ]
-    if started_by_deepspeed_launcher() and not launch.use_deepspeed:
-        notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
-    return notes
-
-
-def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: int) -> list[str]:
-    """Make DeepSpeed's batch, accumulation and clipping settings those of the TrainConfig, and
-    check a DeepSpeed JSON's own optimizer/scheduler; returns what to tell the user."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is None:
-        return []
-    ds = plugin.deepspeed_config
-    notes = check_deepspeed_optim(ds, config)
-    wanted = {
-        **deepspeed_batch(config.batch_size, grad_accum, accelerator.num_processes),
-        "gradient_accumulation_steps": grad_accum,
-        # DeepSpeed clips inside engine.step(); 0 turns its clipping off.
-        "gradient_clipping": config.max_grad_norm or 0.0,
-    }
-    if config.batch_size == AUTO_BATCH:  # settled before prepare (memory/plan.py), then set_batch writes it
-        wanted = {k: v for k, v in wanted.items() if "batch_size" not in k}
-    for key, value in wanted.items():
-        old = ds.get(key, "auto")
-        # Batch size and clipping belong to the TrainConfig; say so when a DeepSpeed JSON or the
-        # YAML asked for something else (accumulation was reconciled, and reported, by check_launch).
-        if key != "gradient_accumulation_steps" and old not in ("auto", "none", None, value):
-            notes.append(f"DeepSpeed config sets {key}={old}; using the training config's {value}")
-        ds[key] = value
-    # Accelerate keeps its own copy of the accumulation steps and checks it against DeepSpeed's.
-    plugin.gradient_accumulation_steps = grad_accum
-    if accelerator.mixed_precision in ("fp16", "bf16"):
-        # DeepSpeed 0.19 casts the parameters to 16 bits but keeps the buffers in fp32, unless
-        # data_types.buffer_dtype says otherwise: BatchNorm's running statistics then no longer
-        # match its weights ("Expected running_mean to have type Half but got Float", bncnn on
-        # an H200). Cast them alike, as DeepSpeed did before; a JSON's own choice stays.
-        ds.setdefault("data_types", {}).setdefault("buffer_dtype", accelerator.mixed_precision)
-    return notes
-
-
-def deepspeed_batch(batch_size: int, grad_accum: int, num_processes: int) -> dict[str, int]:
-    """DeepSpeed's two batch settings for a per-process batch."""
-    return {"train_micro_batch_size_per_gpu": batch_size, "train_batch_size": batch_size * grad_accum * num_processes}
-
-
-def set_batch(accelerator: Accelerator, batch_size: int) -> None:
-    """Write a batch settled after the Accelerator was built (`batch_size: auto`) into DeepSpeed's config."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is not None:
-        batch = deepspeed_batch(batch_size, accelerator.gradient_accumulation_steps, accelerator.num_processes)
-        plugin.deepspeed_config.update(batch)
-
-
-def prepare(
-    accelerator: Accelerator,
-    config: TrainConfig,
-    model: torch.nn.Module,
-    total_steps: int,
-    steps_per_epoch: int,
-    resuming: bool = False,
-    saved_strategy: dict[str, Any] | None = None,
-) -> tuple[Any, Any, Any]:
-    """Model, optimizer and schedule, built and prepared in the order the strategy needs.
-
-    The loop gets the three prepared objects and never learns which strategy made them (a
-    DeepSpeed JSON's own optimizer and schedule included: DeepSpeed steps those itself).
-    `resuming`: a checkpoint (saved under `saved_strategy`) is loaded into them next, so whatever
-    it must find is made here.
-    """
-    plugin = accelerator.state.deepspeed_plugin
-    if resuming and plugin is not None and loads_universal(accelerator, saved_strategy or {}):
-        # ZeRO shards of another number of processes: run/universal.py converts them.
-        plugin.deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
-    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
-        # FSDP1 replaces the module's parameters (by flat ones, with use_orig_params false):
-        # an optimizer built before the wrap would step tensors that no longer train, and
-        # Accelerate's optimizer state mapping fails (KeyError: Parameter containing ...).
-        model = accelerator.prepare(model)
-        optimizer = build_optimizer(model, config, plugin)
-        scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
-        optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
-        if resuming:
-            _allocate_optimizer_state(optimizer.optimizer)
-        return model, optimizer, scheduler
-    # Everywhere else together: FSDP2 and DeepSpeed need the optimizer to hand its
-    # parameters over to the sharded ones, and Accelerate requires both in one call.
-    optimizer = build_optimizer(model, config, plugin)
-    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
-    with ddp_side_stream(accelerator, config):  # DDP's hooks then keep off the default stream
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    if accelerator.mixed_precision == "fp8":
-        _report_fp8(accelerator, model)
-    return model, direct_steps(accelerator, optimizer), scheduler
-
-
-def _allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Give a fresh optimizer its per-parameter state slots, leaving the parameters unchanged.
-
-    Accelerate loads an FSDP1 SHARDED_STATE_DICT optimizer checkpoint into the slots that
-    `FSDP.optim_state_dict(model, optimizer)` has at that moment; a fresh Adam has none, so the
-    moments and step counts were silently dropped and the resumed run drifted (weights up to
-    9.6e-3 apart on an H200). torch's own get_optimizer_state_dict (the FSDP2 path) allocates
-    them the same way first: one step with zero gradients at lr 0. The checkpoint then
-    overwrites every slot; the cost is one optimizer step per resume.
-    """
-    if optimizer.state:
-        return
-    lrs = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = torch.zeros_like(group["lr"]) if isinstance(group["lr"], torch.Tensor) else 0.0
-        for p in group["params"]:
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-    optimizer.step()
-    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-
-
-_FP8_MODULES = ("torchao.", "transformer_engine.", "msamp.")
-
-
-def fp8_convertible_layers(model: torch.nn.Module) -> list[str]:
-    """The Linear layers torchao's fp8 conversion takes under Accelerate's default filter: all but
-    the first and last, with both sizes divisible by 16 (Accelerate's own filter functions)."""
-    from accelerate.utils.ao import filter_linear_layers, find_first_last_linear_layers
-
-    ends = list(find_first_last_linear_layers(model))
-    return [
-        name
-        for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and filter_linear_layers(m, name, layers_to_filter=ends)
-    ]
-
-
-def check_model(accelerator: Accelerator, model: torch.nn.Module) -> None:
-    """Refuse, before the output directory is touched, a model the strategy would leave as it is:
-    fp8 through torchao with no layer to convert would train in full precision and call it fp8.
-    A filter of the caller's own (AORecipeKwargs(module_filter_func=...)) is judged after prepare."""
-    if accelerator.mixed_precision != "fp8" or _fp8_backend(accelerator) != "AO":
-        return
-    handler = getattr(accelerator, "ao_recipe_handler", None)
-    if getattr(handler, "module_filter_func", None) is None and not fp8_convertible_layers(model):
-        raise UsageError(_NO_FP8_LAYER.format(backend="AO"))
-
-
-_NO_FP8_LAYER = (
-    "mixed precision fp8 ({backend}) converts no layer of this model (torchao skips the first and last Linear "
-    "and sizes not divisible by 16); launch with --mixed_precision bf16"
-)
-
-
-def _fp8_backend(accelerator: Accelerator) -> str:
-    backend = accelerator.fp8_backend
-    return str(getattr(backend, "value", backend))
-
-
-def _report_fp8(accelerator: Accelerator, model: torch.nn.Module) -> None:
-    """Say which layers the fp8 backend converted; none converted means fp8 would be a silent no-op.
-
-    check_model refused torchao's empty case already; this also covers the other backends.
-    """
-    converted = [
-        f"{name} ({type(m).__name__})"
-        for name, m in accelerator.unwrap_model(model).named_modules()
-        if type(m).__module__.startswith(_FP8_MODULES)
-    ]
-    if not converted:
-        raise UsageError(_NO_FP8_LAYER.format(backend=_fp8_backend(accelerator)))
-    logger.info(f"fp8 ({_fp8_backend(accelerator)}) layers: {', '.join(converted)}")
-
-
-def strategy_fields(accelerator: Accelerator) -> dict[str, Any]:
-    """What the accelerate config resolved to, for results.json and the log."""
-    plugin = accelerator.state.deepspeed_plugin
-    offload = {}
-    if plugin is not None:
-        zero = plugin.deepspeed_config.get("zero_optimization", {})
-        offload = {
-            "offload_optimizer": zero.get("offload_optimizer", {}).get("device", "none"),
-            "offload_param": zero.get("offload_param", {}).get("device", "none"),
+    def fields(self) -> dict[str, Any]:
+        """What results.json and trainer_state.json keep of it (DeepSpeed and FSDP keys only under those)."""
+        out: dict[str, Any] = {
+            "distributed_type": self.kind,
+            "num_processes": self.num_processes,
+            "zero_stage": self.zero_stage,
+            "mixed_precision": self.precision,
+            "device": self.device,
         }
-    return {
-        "distributed_type": accelerator.distributed_type.value,
-        "num_processes": accelerator.num_processes,
-        "zero_stage": int(plugin.zero_stage) if plugin is not None else 0,
-        "mixed_precision": accelerator.mixed_precision,
-        "device": accelerator.device.type,
-        **offload,
-        **fsdp_and_dynamo_fields(accelerator),
-    }
+        if self.kind == "DEEPSPEED":
+            out.update(offload_optimizer=self.offload_optimizer, offload_param=self.offload_param)
+        out["dynamo_backend"] = self.dynamo
+        if self.kind == "FSDP":
+            out.update(
+                fsdp_version=self.fsdp_version,
+                fsdp_state_dict_type=self.fsdp_state_dict_type,
+                fsdp_offload_params=self.fsdp_offload_params,
+            )
+            if self.fsdp_version == 1:
+                out["fsdp_use_orig_params"] = self.fsdp_use_orig_params
+        return out
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> Strategy:
+        """The Strategy that `fields()` wrote (results.json, a checkpoint's state); missing keys take defaults."""
+        names = {
+            "distributed_type": "kind", "mixed_precision": "precision", "dynamo_backend": "dynamo",
+            "num_processes": "num_processes", "zero_stage": "zero_stage", "device": "device",
+            "offload_optimizer": "offload_optimizer", "offload_param": "offload_param",
+            "fsdp_version": "fsdp_version", "fsdp_state_dict_type": "fsdp_state_dict_type",
+            "fsdp_offload_params": "fsdp_offload_params", "fsdp_use_orig_params": "fsdp_use_orig_params",
+        }  # fmt: skip
+        return cls(**{attr: fields[key] for key, attr in names.items() if fields.get(key) is not None})
+
+    @classmethod
+    def recorded_in(cls, results: dict[str, Any]) -> Strategy | None:
+        """The Strategy a results.json (or any `fields()` dict) records; None where it records none."""
+        return cls.from_fields(results) if "distributed_type" in results else None
+
+    @property
+    def replicated(self) -> bool:
+        """Every process holds the whole model and optimizer (one process, DDP)."""
+        return self.kind in REPLICATED
+
+    @property
+    def runs_engine(self) -> bool:
+        """The step runs inside an engine of the strategy's own (DeepSpeed), with kernels of its own."""
+        return self.kind == "DEEPSPEED"
+
+    @property
+    def flattens(self) -> str | None:
+        """The name of a strategy that flattens, shards or broadcasts parameters as contiguous memory."""
+        if self.kind == "DEEPSPEED":
+            return f"DeepSpeed ZeRO-{self.zero_stage}"
+        if self.kind == "FSDP":
+            return f"FSDP{self.fsdp_version}"
+        return None
+
+    @property
+    def copy_precision(self) -> CopyPrecision:
+        """How a throwaway copy of the model computes as this strategy's prepared model does (Accelerate 1.15).
+
+        DeepSpeed casts the weights to 16 bits and runs no autocast. FSDP computes with 16-bit copies
+        of its fp32 weights: FSDP1's forward is wrapped in autocast by `prepare_model`, FSDP2's is not
+        (`_prepare_fsdp2` never calls it), and FSDP2 keeps the buffers in 16 bits too (option_rules.
+        buffers_change). Elsewhere fp32 weights under autocast. A copy computed otherwise runs other
+        kernels (prewarm then loads the wrong ones), keeps other activations (GroupNorm's fp32 outputs
+        under autocast doubled the probe's prediction for FSDP2), or fails where dtypes meet
+        ("Expected running_mean to have type Float but got BFloat16": an fp32 copy beside FSDP2's
+        16-bit BatchNorm buffers).
+        """
+        sixteen = self.precision if self.precision in SIXTEEN_BIT_NAMES else None
+        if self.kind == "DEEPSPEED":
+            return CopyPrecision(sixteen, autocast=False)
+        if self.kind == "FSDP":
+            return CopyPrecision(sixteen, autocast=self.fsdp_version != 2)
+        return AS_PREPARED_ELSEWHERE
+
+    @property
+    def line(self) -> str:
+        """The first line of a run: strategy, precision, world size, device."""
+        if self.kind == "DEEPSPEED":
+            name = f"DeepSpeed ZeRO-{self.zero_stage}"
+            offload = [f"{what} to {where}" for where, what in ((self.offload_optimizer, "optimizer states"),
+                       (self.offload_param, "parameters")) if where != "none"]  # fmt: skip
+            name += f" (offload {', '.join(offload)})" if offload else ""
+        elif self.kind == "FSDP":
+            name = f"FSDP{self.fsdp_version}"
+        elif self.kind.startswith("MULTI_"):
+            name = f"DDP ({self.kind})"
+        else:
+            name = "one process, no distribution" if self.kind == "NO" else self.kind
+        if self.dynamo != "no":
+            name += f", torch.compile ({self.dynamo})"
+        precision = "fp32" if self.precision == "no" else self.precision
+        return f"strategy: {name}; precision: {precision}; world size: {self.num_processes}; device: {self.device}"
+
+    @property
+    def label(self) -> str:
+        """'DEEPSPEED ZeRO-2, 2 proc': a legend's name for a run."""
+        stage = f" ZeRO-{self.zero_stage}" if self.zero_stage else ""
+        return f"{self.kind}{stage}, {self.num_processes} proc"
+
+    def loads_universal(self, saved: Strategy) -> bool:
+        """Whether a checkpoint saved under `saved` holds ZeRO shards of another number of processes
+        than this run has: DeepSpeed then loads it in its universal format (run/universal.py), which
+        its engine must be configured for before it is built (`checkpoint.load_universal`)."""
+        return self.kind == "DEEPSPEED" and saved.num_processes != self.num_processes
+
+    def check_resume(self, saved: Strategy, path: Path, was: dict[str, Any], now: dict[str, Any]) -> None:
+        """Refuse a checkpoint saved under `saved` (with config `was`) that this strategy (with config
+        `now`) cannot continue exactly.
+
+        Another number of processes is fine where the global batch stays: DDP and one process hold
+        replicated weights and take consecutive batches, and ZeRO shards are converted by DeepSpeed
+        (run/universal.py). FSDP's are refused, as is FSDP1 with offloaded parameters.
+        """
+        # Its checkpoints differ by ZeRO stage, layout, FSDP version and state dict type.
+        for key in ("zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
+            before, after = saved.fields().get(key), self.fields().get(key)
+            same = before == after or (key == "distributed_type" and saved.replicated and self.replicated)
+            if not same:
+                raise UsageError(
+                    f"{path} was saved with {key}={before} but this run has {key}={after}; "
+                    "resume with the accelerate config it was saved with"
+                )
+        _check_global_batch(saved.num_processes, self.num_processes, path, was, now)
+        if saved.num_processes != self.num_processes and self.kind == "FSDP":
+            raise UsageError(
+                f"{path} holds FSDP state of {saved.num_processes} processes but this run has {self.num_processes}; "
+                f"resume with --num_processes {saved.num_processes}"
+            )
+        if self.fsdp_version == 1 and self.fsdp_offload_params:
+            # Measured on one H200 (mlp, 40 steps, resumed at 20): FULL and SHARDED state dicts alike
+            # ended 1.6e-2 away from the uninterrupted run; FSDP2 with offload and FSDP1 without resume exactly.
+            raise UsageError(
+                f"{path}: resuming FSDP1 with fsdp_offload_params true is not exact (the weights drift from the "
+                "uninterrupted run); its weights still export (accel-mnist export), and FSDP2 offload resumes exactly"
+            )
+
+
+def _check_global_batch(n_was: int, n_now: int, path: Path, was: dict[str, Any], now: dict[str, Any]) -> None:
+    """Refuse a resume that changes the global batch (per-process batch x accumulation x processes)."""
+    accum = now.get("grad_accum", 1)
+    global_was = was.get("batch_size", 0) * was.get("grad_accum", 1) * n_was
+    global_now = now.get("batch_size", 0) * accum * n_now
+    if global_was == global_now:
+        return
+    per_process, rest = divmod(global_was, accum * n_now)
+    keep = (f"pass --batch-size {per_process} to keep it" if per_process and not rest
+            else f"{n_now} processes cannot keep it; use a number that divides {global_was // accum}")  # fmt: skip
+    raise UsageError(
+        f"{path} was saved with a global batch of {global_was} (batch_size {was.get('batch_size')} x "
+        f"grad_accum {was.get('grad_accum', 1)} x {n_was} processes) but this run has {global_now}; "
+        f"with {n_now} processes {keep}"
+    )
+
+
+def _offloads(policy: Any) -> bool:
+    # FSDP1 keeps a CPUOffload(offload_params=...), FSDP2 a CPUOffloadPolicy or a plain OffloadPolicy.
+    if hasattr(policy, "offload_params"):
+        return bool(policy.offload_params)
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return isinstance(policy, CPUOffloadPolicy)

@@ -6,8 +6,6 @@ becomes DDP or a world of one); these checks turn each such case into one UsageE
 
 from __future__ import annotations
 
-from typing import Any
-
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
@@ -18,11 +16,6 @@ FSDP_NEEDS_A_DEVICE = (
     "DDP or single processes instead and FSDP1 refuses CPU tensors; on this machine use "
     "accelerate_configs/multi_cpu.yaml (DDP) or a zero*.yaml with --mixed_precision no (sharded, DeepSpeed)"
 )
-
-
-# Strategies in which every process holds the whole model and optimizer (DistributedType is a str
-# enum, so its members compare equal to these names).
-REPLICATED = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 
 def multi_process_device_available() -> bool:
@@ -79,55 +72,3 @@ def _check_dynamo(accelerator: Accelerator) -> None:
 
 def _dynamo_backend(accelerator: Accelerator) -> str:
     return str(accelerator.state.dynamo_plugin.backend.value).lower()
-
-
-def fsdp_and_dynamo_fields(accelerator: Accelerator) -> dict[str, Any]:
-    """FSDP and dynamo settings for results.json and for checking a resume (FSDP keys only under FSDP)."""
-    extra: dict[str, Any] = {"dynamo_backend": _dynamo_backend(accelerator)}
-    if accelerator.distributed_type == DistributedType.FSDP:
-        fsdp = accelerator.state.fsdp_plugin
-        extra.update(
-            fsdp_version=int(fsdp.fsdp_version),
-            fsdp_state_dict_type=str(getattr(fsdp.state_dict_type, "name", fsdp.state_dict_type)),
-            fsdp_offload_params=_offloads(fsdp.cpu_offload),
-        )
-        if fsdp.fsdp_version == 1:
-            extra["fsdp_use_orig_params"] = bool(fsdp.use_orig_params)
-    return extra
-
-
-def _offloads(policy: Any) -> bool:
-    # FSDP1 keeps a CPUOffload(offload_params=...), FSDP2 a CPUOffloadPolicy or a plain OffloadPolicy.
-    if hasattr(policy, "offload_params"):
-        return bool(policy.offload_params)
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    return isinstance(policy, CPUOffloadPolicy)
-
-
-def strategy_line(fields: dict[str, Any]) -> str:
-    """The first line of a run, from strategy_fields(): strategy, precision, world size, device."""
-    kind = fields["distributed_type"]
-    if kind == "DEEPSPEED":
-        name = f"DeepSpeed ZeRO-{fields['zero_stage']}"
-        offload = [f"{what} to {fields[key]}" for key, what in (("offload_optimizer", "optimizer states"),
-                   ("offload_param", "parameters")) if fields.get(key, "none") != "none"]  # fmt: skip
-        name += f" (offload {', '.join(offload)})" if offload else ""
-    elif kind == "FSDP":
-        name = f"FSDP{fields['fsdp_version']}"
-    elif kind.startswith("MULTI_"):
-        name = f"DDP ({kind})"
-    else:
-        name = "one process, no distribution" if kind == "NO" else kind
-    if fields.get("dynamo_backend", "no") != "no":
-        name += f", torch.compile ({fields['dynamo_backend']})"
-    precision = "fp32" if fields["mixed_precision"] == "no" else fields["mixed_precision"]
-    world, device = fields["num_processes"], fields["device"]
-    return f"strategy: {name}; precision: {precision}; world size: {world}; device: {device}"
-
-
-def loads_universal(accelerator: Accelerator, saved: dict[str, Any]) -> bool:
-    """Whether a checkpoint saved under strategy fields `saved` holds ZeRO shards of another
-    number of processes than this run has: DeepSpeed then loads it in its universal format,
-    which its engine must be configured for before it is built (`checkpoint.load_universal`)."""
-    return accelerator.state.deepspeed_plugin is not None and saved.get("num_processes", 1) != accelerator.num_processes

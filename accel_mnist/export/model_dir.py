@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..distributed.gather import fp32_cpu, full_state_dict, strip_wrapper_prefixes
 from ..errors import UsageError, one_line
 from ..files import fsync_file, json_bytes, read_json_object, writing
 from ..run.checkpoint import STATE_FILE
 from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
-from .gather import _fp32_cpu, _strip_wrapper_prefixes, full_state_dict
 from .transformers_dir import HF_CONFIG_FILE, HF_CONFIG_PLACES, hf_place, write_hf_folder
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def export_from_checkpoint(
     if not isinstance(model_name, str):
         raise UsageError(f"{ckpt / STATE_FILE}: no model name")
 
-    weights = _fp32_cpu(_strip_wrapper_prefixes(checkpoint_weights(ckpt, trust_checkpoint)))
+    weights = fp32_cpu(strip_wrapper_prefixes(checkpoint_weights(ckpt, trust_checkpoint)))
     extra: dict[str, Any] = {"step": state.get("step")}
     if model_name == "mlp" and config.get("mlp_hidden") is not None:
         extra["mlp_hidden"] = config["mlp_hidden"]

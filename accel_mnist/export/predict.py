@@ -44,7 +44,7 @@ def evaluate_exported(
 
     from ..config import TrainConfig
     from ..data.catalog import ImageTensorDataset, load_datasets, load_split
-    from ..distributed.strategy import build_accelerator
+    from ..distributed.accelerator import build_accelerator
     from ..evaluation import evaluate
     from .model_dir import load_model, read_export_config
 

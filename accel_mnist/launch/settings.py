@@ -19,8 +19,8 @@ from typing import Any
 
 from ..config import TrainConfig, parse_bool
 from ..errors import ConfigError, UsageError
-from ..optim import check_deepspeed_optim
 from .launchers import MPI_SIZE_VARS, DeepSpeedJson, deepspeed_json, env_flag
+from .optim_sections import check_deepspeed_optim
 
 _FP8_BACKENDS = ("torchao", "transformer_engine", "msamp")
 # Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.

@@ -24,7 +24,8 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed.option_rules import SIXTEEN_BIT, copy_precision
+from ..distributed.option_rules import SIXTEEN_BIT
+from ..distributed.strategy import Strategy
 from ..errors import UsageError
 from .model_states import Setup, format_bytes
 from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak
@@ -84,7 +85,7 @@ class PeakPlan:
 
 
 def plan_peak(
-    accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], model: nn.Module,
+    accelerator: Accelerator, config: TrainConfig, strategy: Strategy, model: nn.Module,
     input_shape: tuple[int, ...], data_bytes: int, loss: Any, batches: tuple[int, ...] | None = None,
     examples: torch.Tensor | None = None,
 ) -> PeakPlan:  # fmt: skip
@@ -95,7 +96,7 @@ def plan_peak(
     device = accelerator.device
     if device.type == "cpu":
         return PeakPlan()
-    precision = strategy.get("mixed_precision", "no")
+    precision = strategy.precision
     plugin = accelerator.state.deepspeed_plugin
     zero = plugin.deepspeed_config.get("zero_optimization", {}) if plugin is not None else None
     batch = config.batch_size or 1
@@ -107,12 +108,12 @@ def plan_peak(
                            input_shape=input_shape, zero=zero)  # fmt: skip
     except TRACE_ERRORS as exc:
         why_not_traced = f"its forward pass does not run on the meta device ({_short(exc)})"
-    fsdp = accelerator.state.fsdp_plugin if strategy.get("distributed_type") == "FSDP" else None
+    fsdp = accelerator.state.fsdp_plugin if strategy.kind == "FSDP" else None
     if fsdp is not None and getattr(fsdp, "activation_checkpointing", False):
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
         return PeakPlan(trace=trace, unpredicted=why)
-    rule = copy_precision(str(strategy.get("distributed_type")), precision, int(strategy.get("fsdp_version", 0)))
+    rule = strategy.copy_precision
     dtype = SIXTEEN_BIT[rule.weights] if rule.weights else None
     autocast = accelerator.autocast if rule.autocast else nullcontext
     try:

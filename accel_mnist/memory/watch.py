@@ -29,6 +29,7 @@ from accelerate import Accelerator
 
 from ..config import TrainConfig
 from ..distributed.step import torch_optimizer
+from ..distributed.strategy import Strategy
 from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict, summary_line
 from .peak import PeakInputs
 from .plan import PeakPlan
@@ -42,13 +43,13 @@ def trainable_numels(model: torch.nn.Module) -> list[int]:
     return [p.numel() for p in model.parameters() if p.requires_grad]
 
 
-def setup_of(accelerator: Accelerator, strategy: dict[str, Any], config: TrainConfig) -> Setup:
-    """The prediction's Setup for this run: the strategy Accelerate set up (strategy_fields) and the optimizer."""
+def setup_of(accelerator: Accelerator, strategy: Strategy, config: TrainConfig) -> Setup:
+    """The prediction's Setup for this run: the strategy Accelerate set up and the optimizer."""
     plugin = accelerator.state.deepspeed_plugin
     ds = plugin.deepspeed_config if plugin is not None else {}
     zero = ds.get("zero_optimization", {})
-    family = {"DEEPSPEED": "deepspeed", "FSDP": "fsdp"}.get(strategy["distributed_type"], "replicated")
-    offload_optimizer = strategy.get("offload_optimizer", "none") not in ("none", None)
+    family = {"DEEPSPEED": "deepspeed", "FSDP": "fsdp"}.get(strategy.kind, "replicated")
+    offload_optimizer = strategy.offload_optimizer != "none"
     name = str(ds.get("optimizer", {}).get("type", config.optimizer)).lower()  # a DeepSpeed JSON's own wins
     name = "sgd_no_momentum" if name == "sgd" and not config.momentum else name
     # Accelerate gives DeepSpeed's offload a CPU Adam, whatever the torch optimizer was.
@@ -57,11 +58,10 @@ def setup_of(accelerator: Accelerator, strategy: dict[str, Any], config: TrainCo
     return Setup(
         family=family,
         num_processes=accelerator.num_processes,
-        zero_stage=strategy.get("zero_stage", 0),
-        mixed_precision=strategy.get("mixed_precision", "no"),
+        zero_stage=strategy.zero_stage,
+        mixed_precision=strategy.precision,
         offload_optimizer=offload_optimizer,
-        offload_param=strategy.get("offload_param", "none") not in ("none", None)
-        or bool(strategy.get("fsdp_offload_params")),
+        offload_param=strategy.offload_param != "none" or strategy.fsdp_offload_params,
         optimizer_states=states,
         on_accelerator=accelerator.device.type != "cpu",
         persistence_threshold=int(threshold) if isinstance(threshold, (int, float)) else PERSISTENCE_THRESHOLD,
@@ -88,7 +88,7 @@ class MemoryWatch:
 
     @classmethod
     def start(
-        cls, accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], numels: list[int],
+        cls, accelerator: Accelerator, config: TrainConfig, strategy: Strategy, numels: list[int],
         model: Any, optimizer: Any, plan: PeakPlan | None = None,
     ) -> MemoryWatch:  # fmt: skip
         """Predict for `numels` (trainable_numels before prepare) and, given `plan` (plan.py), the

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..distributed.strategy import Strategy
 from ..errors import UsageError
 from ..files import read_json_object, save_figure, size_text
 from ..run.outputs import METRICS_FILE, RESULTS_FILE, metrics_lines
@@ -72,14 +73,8 @@ def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
 
 def run_label(run_dir: str | os.PathLike, results: dict[str, Any] | None) -> str:
     """'DEEPSPEED ZeRO-2, 2 proc' from results.json; the directory name without one."""
-    if not results or "distributed_type" not in results:
-        return Path(run_dir).name or str(run_dir)
-    label = str(results["distributed_type"])
-    if results.get("zero_stage"):
-        label += f" ZeRO-{results['zero_stage']}"
-    if "num_processes" in results:
-        label += f", {results['num_processes']} proc"
-    return label
+    strategy = Strategy.recorded_in(results or {})
+    return strategy.label if strategy is not None else Path(run_dir).name or str(run_dir)
 
 
 def _labels(run_dirs: Sequence[Path], results: Sequence[dict[str, Any] | None]) -> list[str]:

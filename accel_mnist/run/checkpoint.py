@@ -19,7 +19,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from ..distributed.consensus import agree
-from ..distributed.strategy_checks import REPLICATED, loads_universal
+from ..distributed.strategy import Strategy
 from ..errors import StorageError, UsageError, on_every_rank, one_line
 from ..files import read_json_object, write_json_atomic, writing
 
@@ -157,7 +157,7 @@ def read_state(path: Path) -> TrainState:
 
 
 def check_compatible(
-    saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path, total_steps: int,
+    saved: TrainState, strategy: Strategy, config: dict[str, Any], path: Path, total_steps: int,
     data: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
     """Refuse to resume into a run that would silently mean something else (`data`: this run's
@@ -169,14 +169,7 @@ def check_compatible(
             f"{path} was saved with a {config['scheduler']} schedule over {saved.total_steps} steps but this run "
             f"has {total_steps}; keep --epochs/--max-steps as they were (or use --scheduler none or step)"
         )
-    _check_world(saved, strategy, config, path)
-    if strategy.get("fsdp_version") == 1 and strategy.get("fsdp_offload_params"):
-        # Measured on one H200 (mlp, 40 steps, resumed at 20): FULL and SHARDED state dicts alike
-        # ended 1.6e-2 away from the uninterrupted run; FSDP2 with offload and FSDP1 without resume exactly.
-        raise UsageError(
-            f"{path}: resuming FSDP1 with fsdp_offload_params true is not exact (the weights drift from the "
-            "uninterrupted run); its weights still export (accel-mnist export), and FSDP2 offload resumes exactly"
-        )
+    strategy.check_resume(Strategy.from_fields(saved.strategy), path, saved.config, config)
     for key in MUST_MATCH:
         if saved.config.get(key) != config.get(key):
             raise UsageError(
@@ -187,41 +180,6 @@ def check_compatible(
         unrecorded = (key == "train_samples" and not was) or (key == "class_names" and was is None)
         if not unrecorded and was != now:
             raise UsageError(f"{path} was trained on data with {key}={was!r} but this run's data has {now!r}")
-
-
-def _check_world(saved: TrainState, strategy: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Another number of processes is fine where the global batch stays: DDP and one process hold
-    replicated weights and take consecutive batches, and ZeRO shards are converted by DeepSpeed
-    (universal.py). FSDP's are refused."""
-    was, now = saved.strategy, strategy
-    # FSDP keys exist only under FSDP; its checkpoints differ by version and state dict type.
-    for key in ("zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
-        same = was.get(key) == now.get(key) or (
-            key == "distributed_type" and {was.get(key), now.get(key)} <= set(REPLICATED)
-        )
-        if not same:
-            raise UsageError(
-                f"{path} was saved with {key}={was.get(key)} but this run has {key}={now.get(key)}; "
-                "resume with the accelerate config it was saved with"
-            )
-    n_was, n_now = was.get("num_processes", 1), now.get("num_processes", 1)
-    accum = config.get("grad_accum", 1)
-    global_was = saved.config.get("batch_size", 0) * saved.config.get("grad_accum", 1) * n_was
-    global_now = config.get("batch_size", 0) * accum * n_now
-    if global_was != global_now:
-        per_process, rest = divmod(global_was, accum * n_now)
-        keep = (f"pass --batch-size {per_process} to keep it" if per_process and not rest
-                else f"{n_now} processes cannot keep it; use a number that divides {global_was // accum}")  # fmt: skip
-        raise UsageError(
-            f"{path} was saved with a global batch of {global_was} (batch_size {saved.config.get('batch_size')} x "
-            f"grad_accum {saved.config.get('grad_accum', 1)} x {n_was} processes) but this run has {global_now}; "
-            f"with {n_now} processes {keep}"
-        )
-    if n_was != n_now and now.get("fsdp_version"):
-        raise UsageError(
-            f"{path} holds FSDP state of {n_was} processes but this run has {n_now}; "
-            f"resume with --num_processes {n_was}"
-        )
 
 
 def rescale_loss_sums(state: TrainState, num_processes: int) -> list[float]:
@@ -264,7 +222,7 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, 
     from . import universal as uc
     from .safe_load import check_rng_restored, refusal, weights_only_loads
 
-    universal = loads_universal(accelerator, read_state(path).strategy)
+    universal = Strategy.of(accelerator).loads_universal(Strategy.from_fields(read_state(path).strategy))
     ours = checkpoint_dir(accelerator.project_dir or path.parent.parent)  # project_dir: the output directory
     source = uc.convert(accelerator, path, ours, trust) if universal else path
 

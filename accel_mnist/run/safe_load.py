@@ -61,11 +61,9 @@ def allowed_globals(deepspeed: bool = False) -> list[Any]:
     if hasattr(np, "dtypes"):
         allowed.append(np.dtypes.UInt32DType)
     if deepspeed:
-        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-        from deepspeed.runtime.zero.config import ZeroStageEnum
-        from deepspeed.utils.tensor_fragment import fragment_address
+        from ..distributed.deepspeed_pickles import pickled_types
 
-        allowed += [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+        allowed += pickled_types()
     return allowed
 
 

@@ -18,8 +18,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
+from ..distributed.accelerator import build_accelerator
 from ..distributed.option_rules import eager_line
-from ..distributed.strategy import build_accelerator
 from ..errors import NonFiniteLossError, UsageError, on_every_rank
 from ..evaluation import evaluate
 from ..memory.allocator import default_settings

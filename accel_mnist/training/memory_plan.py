@@ -12,8 +12,9 @@ from torch import nn
 
 from ..config import AUTO_BATCH, TrainConfig
 from ..distributed import consensus
-from ..distributed.option_rules import Setup, capture_refusal
-from ..distributed.strategy import set_batch
+from ..distributed.accelerator import set_batch
+from ..distributed.option_rules import capture_refusal
+from ..distributed.strategy import Strategy
 from ..errors import UsageError
 from ..memory.model_states import Setup as MemorySetup
 from ..memory.plan import (
@@ -35,14 +36,14 @@ from .step import batch_loss
 CAPTURED_NAMES = {"adam": "Adam", "adamw": "AdamW"}
 
 
-def captured(setup: Setup, config: TrainConfig) -> bool:
+def captured(strategy: Strategy, config: TrainConfig) -> bool:
     """Whether the run's step will be captured as a CUDA graph (training/step.py asks the same rule)."""
     optimizer = CAPTURED_NAMES.get(config.optimizer, config.optimizer)
-    return config.cuda_graph and capture_refusal(setup, config, optimizer) is None
+    return config.cuda_graph and capture_refusal(strategy, config, optimizer) is None
 
 
 def plan_memory(
-    accelerator: Accelerator, config: TrainConfig, strategy: dict[str, Any], model: nn.Module, run_data: RunData,
+    accelerator: Accelerator, config: TrainConfig, strategy: Strategy, model: nn.Module, run_data: RunData,
     saved: dict[str, Any] | None,
 ) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
     """The config with `batch_size: auto` settled (a resumed run keeps its checkpoint's batch) and the peak's
@@ -61,7 +62,7 @@ def plan_memory(
 
     # Real images, as the loader normalises them: a forward that branches on its inputs' values takes their path.
     examples = torch.stack([run_data.train[i][0] for i in range(min(64, len(run_data.train)))])
-    if captured(Setup.of(accelerator), config):  # no probe: its number would not hold (memory/plan.py, CAPTURED)
+    if captured(strategy, config):  # no probe: its number would not hold (memory/plan.py, CAPTURED)
         plan = PeakPlan().refused(CAPTURED)
     else:
         plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, examples=examples)
@@ -73,7 +74,7 @@ def plan_memory(
                              batches=probe_batches(batch, limit=batch), examples=examples)  # fmt: skip
 
         config, plan = _auto_batch(accelerator, config, plan, numels, setup, len(run_data.train), probe_at)
-    if was_auto:  # DeepSpeed's batch settings were left for this (distributed/strategy.py)
+    if was_auto:  # DeepSpeed's batch settings were left for this (distributed/accelerator.py)
         set_batch(accelerator, config.batch_size)
     for said in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
         if said:

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed.option_rules import AS_PREPARED_ELSEWHERE, SIXTEEN_BIT, CopyPrecision
+from ..distributed.option_rules import SIXTEEN_BIT
+from ..distributed.strategy import AS_PREPARED_ELSEWHERE, CopyPrecision
 from ..model_output import logits_of
 from .step import batch_loss, step_input
 

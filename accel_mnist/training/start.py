@@ -18,15 +18,14 @@ from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
     SIXTEEN_BIT,
-    Setup,
     buffers_change,
     cast_float_buffers,
     channels_last_change,
-    copy_precision,
     float_buffers,
     tell_change,
 )
-from ..distributed.strategy import check_model, prepare, strategy_fields
+from ..distributed.prepare import check_model, prepare
+from ..distributed.strategy import Strategy
 from ..memory.allocator import settings as allocator_settings
 from ..memory.watch import MemoryWatch, trainable_numels
 from ..run import checkpoint as ckpt
@@ -47,6 +46,7 @@ class RunParts:
     """What a run is made of once started; training/loop.py's TrainingRun adds the training."""
 
     accelerator: Accelerator
+    strategy: Strategy  # what the launch set up, worked out once here
     config: TrainConfig
     stop: StopSignals
     run_dir: RunDir
@@ -75,7 +75,7 @@ def start_run(
     The stages below run in this order, each a function of its own: the plan, the data, the
     model, the checks against the checkpoint, the output directory, the prewarm, prepare, resume.
     """
-    strategy = strategy_fields(accelerator)
+    strategy = Strategy.of(accelerator)
     plan = run_dir.plan()  # locked, then agreed by every rank: what --resume-from means here
     if plan.finished is not None:
         accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
@@ -84,30 +84,28 @@ def start_run(
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
     run_data = _load_data(config, run_dir, own)
-    model_name, model = _build_model(accelerator, config, model, run_data)
+    model_name, model = _build_model(accelerator, strategy, config, model, run_data)
     check_model(accelerator, model)
     config, peak = plan_memory(accelerator, config, strategy, model, run_data, state.config if resume else None)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
-    saved_strategy = state.strategy  # what the checkpoint was saved under, before it is overwritten
+    saved = Strategy.from_fields(state.strategy) if resume else None  # before state.strategy is overwritten
     _settle_state(accelerator, config, state, resume, strategy, _total_steps(config, steps_per_epoch), run_data)
     record(state, model_name, model, run_data)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     _open_output(accelerator, config, run_dir, plan, state)
     facts = _setup_facts(accelerator, config, state, model, strategy, data)
     if config.prewarm:
-        facts["prewarm_seconds"] = _prewarm_copy(accelerator, config, model, run_data, data, state)
+        facts["prewarm_seconds"] = _prewarm_copy(accelerator, strategy, config, model, run_data, data, state)
     facts["probe_seconds"] = peak.probe_seconds
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
     peak = peak.with_data_bytes(data.device_bytes())
-    model, optimizer, scheduler = _prepare(
-        accelerator, config, model, state, steps_per_epoch, resume, saved_strategy, facts
-    )
+    model, optimizer, scheduler = _prepare(accelerator, strategy, config, model, state, steps_per_epoch, saved, facts)
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer, peak)
     if resume:
         _resume(accelerator, config, resume, rng_states, state)
     cadence = Cadence.of(config, state.total_steps)
-    return RunParts(accelerator, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
+    return RunParts(accelerator, strategy, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
                     steps_per_epoch, facts, memory)  # fmt: skip
 
 
@@ -118,15 +116,14 @@ def _load_data(config: TrainConfig, run_dir: RunDir, own: OwnData) -> RunData:
 
 
 def _build_model(
-    accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, run_data: RunData
+    accelerator: Accelerator, strategy: Strategy, config: TrainConfig, model: nn.Module | None, run_data: RunData
 ) -> tuple[str, nn.Module]:
     """(the name the run records, the model) for the data, built or checked under the run's seed."""
     set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
     model_name = config.model if model is None else type(model).__name__
-    setup = Setup.of(accelerator)
-    model = to_memory_format(model_for(accelerator, config, model, run_data), config, setup)
-    if buffers_change(setup, float_buffers(model)):  # said by _setup_facts
-        cast_float_buffers(model, SIXTEEN_BIT[setup.precision])
+    model = to_memory_format(model_for(accelerator, config, model, run_data), config, strategy)
+    if buffers_change(strategy, float_buffers(model)):  # said by _setup_facts
+        cast_float_buffers(model, SIXTEEN_BIT[strategy.precision])
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     return model_name, model
@@ -145,7 +142,7 @@ def _settle_state(
     config: TrainConfig,
     state: ckpt.TrainState,
     resume: Path | None,
-    strategy: dict[str, Any],
+    strategy: Strategy,
     total_steps: int,
     run_data: RunData,
 ) -> None:
@@ -157,7 +154,7 @@ def _settle_state(
             accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps, described)
         )
         state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
-    state.strategy, state.config, state.total_steps = strategy, config.to_dict(), total_steps
+    state.strategy, state.config, state.total_steps = strategy.fields(), config.to_dict(), total_steps
 
 
 def _open_output(
@@ -175,7 +172,7 @@ def _setup_facts(
     config: TrainConfig,
     state: ckpt.TrainState,
     model: nn.Module,
-    strategy: dict[str, Any],
+    strategy: Strategy,
     data: Loaders,
 ) -> dict[str, Any]:
     """What results.json says about the setup; the prewarm's seconds are filled in as it runs. Its
@@ -184,23 +181,23 @@ def _setup_facts(
         **run_facts(state, model),
         "batch_size": config.batch_size,  # per process: the number `batch_size: auto` chose
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
-        **strategy,
+        **strategy.fields(),
         "data_loader": data.kind,
         "allocator_settings": allocator_settings(),
         "prewarm_seconds": 0.0,
         "versions": versions(),
         "changes": [],
     }
-    setup = Setup.of(accelerator)
-    if config.channels_last and (line := channels_last_change(setup)):
+    if config.channels_last and (line := channels_last_change(strategy)):
         tell_change(accelerator, facts["changes"], line)
-    if line := buffers_change(setup, float_buffers(model)):
+    if line := buffers_change(strategy, float_buffers(model)):
         tell_change(accelerator, facts["changes"], line)
     return facts
 
 
 def _prewarm_copy(
     accelerator: Accelerator,
+    strategy: Strategy,
     config: TrainConfig,
     model: nn.Module,
     run_data: RunData,
@@ -210,28 +207,26 @@ def _prewarm_copy(
     """Seconds of the prewarm: every batch shape's step, and the loop's own tensor work, on a copy."""
     rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
     per_process = len(run_data.train) // accelerator.num_processes
-    setup = Setup.of(accelerator)
-    precision = copy_precision(setup.kind, setup.precision, setup.fsdp_version)
     return prewarm(model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast,
-                   precision)  # fmt: skip
+                   strategy.copy_precision)  # fmt: skip
 
 
 def _prepare(
     accelerator: Accelerator,
+    strategy: Strategy,
     config: TrainConfig,
     model: nn.Module,
     state: ckpt.TrainState,
     steps_per_epoch: int,
-    resume: Path | None,
-    saved_strategy: dict[str, Any],
+    saved: Strategy | None,
     facts: dict[str, Any],
 ) -> tuple[nn.Module, Any, Any]:
     """(model, optimizer, scheduler) as the strategy runs them; under DeepSpeed with prewarm, a
     throwaway engine steps first, and its seconds go into `facts`."""
     # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
-    engine_twin = copy.deepcopy(model) if config.prewarm and accelerator.state.deepspeed_plugin else None
+    engine_twin = copy.deepcopy(model) if config.prewarm and strategy.runs_engine else None
     model, optimizer, scheduler = prepare(
-        accelerator, config, model, state.total_steps, steps_per_epoch, bool(resume), saved_strategy
+        accelerator, config, model, state.total_steps, steps_per_epoch, strategy, saved
     )
     if engine_twin is not None:
         batch_shape = (config.batch_size, *state.input_shape)

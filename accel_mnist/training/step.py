@@ -48,18 +48,19 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed.option_rules import Setup, capture_refusal, channels_last_change, eager_line
+from ..distributed.option_rules import capture_refusal, channels_last_change, eager_line
 from ..distributed.step import MicroStep, captures_under_ddp, torch_optimizer
+from ..distributed.strategy import Strategy
 from ..model_output import logits_of
 
 # Eager iterations before capture, as torch's docs run them: 3, and at least 11 under DDP.
 WARMUP_ITERATIONS, DDP_WARMUP_ITERATIONS = 3, 11
 
 
-def to_memory_format(model: nn.Module, config: TrainConfig, setup: Setup | None = None) -> nn.Module:
+def to_memory_format(model: nn.Module, config: TrainConfig, strategy: Strategy | None = None) -> nn.Module:
     """The model in channels-last where `config.channels_last` asks (4-D weights only; others as they are),
-    unless the strategy of `setup` keeps parameters contiguous (option_rules.channels_last_change)."""
-    if not config.channels_last or (setup is not None and channels_last_change(setup)):
+    unless `strategy` keeps parameters contiguous (option_rules.channels_last_change)."""
+    if not config.channels_last or (strategy is not None and channels_last_change(strategy)):
         return model
     return model.to(memory_format=torch.channels_last)
 
@@ -115,7 +116,7 @@ class EagerStep:
 def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> str | None:
     """Why this run cannot capture its step (None: it can); the rule is option_rules.capture_refusal."""
     inner = torch_optimizer(optimizer)
-    return capture_refusal(Setup.of(accelerator), config, optimizer_name(inner if inner is not None else optimizer))
+    return capture_refusal(Strategy.of(accelerator), config, optimizer_name(inner if inner is not None else optimizer))
 
 
 def optimizer_name(optimizer: Any) -> str:

@@ -14,7 +14,7 @@ from PIL import Image
 
 from accel_mnist import TrainConfig
 from accel_mnist.data.catalog import load_split
-from accel_mnist.distributed.strategy import build_accelerator
+from accel_mnist.distributed.accelerator import build_accelerator
 from accel_mnist.export.model_dir import load_model
 from accel_mnist.export.predict import evaluate_exported, predict_files
 from tests.helpers import (

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel_mnist.config import TrainConfig
 from accel_mnist.export.model_dir import full_state_dict, save_exported
 from accel_mnist.models import build_model
-from accel_mnist.distributed.strategy import build_accelerator
+from accel_mnist.distributed.accelerator import build_accelerator
 
 out = Path(sys.argv[1])
 config = TrainConfig(model="linear", batch_size=8, output_dir=str(out))

@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader
 from accel_mnist.config import TrainConfig
 from accel_mnist.data.catalog import DATASETS, ImageTensorDataset
 from accel_mnist.data.device_loader import DeviceLoader
-from accel_mnist.distributed.strategy import build_accelerator
+from accel_mnist.distributed.accelerator import build_accelerator
 from accel_mnist.models import build_model
-from accel_mnist.optim import build_optimizer, build_scheduler
+from accel_mnist.optim import build_optimizer, torch_scheduler
 
 MEAN, STD = DATASETS["mnist"].mean, DATASETS["mnist"].std
 BATCH, ACCUM, BATCHES = 16, 2, 5  # 5 micro-batches an epoch: the last one closes an accumulation of 1
@@ -73,7 +73,7 @@ def train_and_evaluate(accelerator: Any, train: Any, test: Any) -> dict[str, Any
     torch.manual_seed(0)
     model = build_model(cfg.model)
     optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, total_steps=100, steps_per_epoch=100)
+    scheduler = torch_scheduler(optimizer, cfg, total_steps=100, steps_per_epoch=100)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     input_dtype = next(model.parameters()).dtype
     syncs, losses = [], []

@@ -13,7 +13,7 @@ import pytest
 
 from accel_mnist import TrainConfig
 from accel_mnist.errors import UsageError
-from accel_mnist.optim import check_deepspeed_optim
+from accel_mnist.launch.optim_sections import check_deepspeed_optim
 from tests.helpers import CONFIGS, DS_ADAM, DS_BASE, DS_DECAY, DS_SGD
 
 

@@ -18,7 +18,7 @@ from accel_mnist.errors import UsageError
 from accel_mnist.export.model_dir import (  # isort: skip (one line of names, kept by fmt: skip)
     CONFIG_FILE, WEIGHTS_FILE, _sha256, export_from_checkpoint, full_state_dict, load_model, save_exported,
 )  # fmt: skip
-from accel_mnist.distributed.strategy import build_accelerator
+from accel_mnist.distributed.accelerator import build_accelerator
 from accel_mnist.models import build_model
 from tests.helpers import Planted, assert_one_line, assert_same_weights
 

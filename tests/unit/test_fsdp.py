@@ -19,7 +19,9 @@ import torch
 from accelerate.utils import DistributedType, is_cuda_available
 
 from accel_mnist import TrainConfig
-from accel_mnist.distributed.strategy import build_accelerator, prepare
+from accel_mnist.distributed.accelerator import build_accelerator
+from accel_mnist.distributed.prepare import prepare
+from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.distributed.strategy_checks import check_strategy
 from accel_mnist.errors import UsageError
 from accel_mnist.run.checkpoint_weights import FSDP_FULL, FSDP_SHARDED, checkpoint_weights
@@ -87,7 +89,8 @@ class _RecordingAccelerator:
 @pytest.mark.parametrize("is_fsdp2", [False, True])
 def test_prepare_builds_the_optimizer_in_the_order_fsdp_needs(is_fsdp2):
     accelerator = _RecordingAccelerator(is_fsdp2)
-    model, optimizer, _ = prepare(accelerator, TrainConfig(), torch.nn.Linear(3, 2), 10, 5)  # type: ignore[arg-type]
+    strategy = Strategy(kind="FSDP", device="cuda", fsdp_version=2 if is_fsdp2 else 1)
+    model, optimizer, _ = prepare(accelerator, TrainConfig(), torch.nn.Linear(3, 2), 10, 5, strategy)  # type: ignore[arg-type]
     stepped = [p for group in optimizer.param_groups for p in group["params"]]
     if is_fsdp2:  # one call: Accelerate maps the optimizer onto fully_shard's parameters itself
         assert accelerator.calls == [["Linear", "Adam", "LambdaLR"]]

@@ -36,7 +36,7 @@ def test_grad_accum_unset_resolves_to_the_launchers_value(no_accelerate_env):
 
 
 def test_fp8_convertible_layers_follow_accelerates_filter():
-    from accel_mnist.distributed.strategy import fp8_convertible_layers
+    from accel_mnist.distributed.prepare import fp8_convertible_layers
     from accel_mnist.models import build_model
 
     assert fp8_convertible_layers(build_model("mlp")) == ["net.3"]

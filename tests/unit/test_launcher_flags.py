@@ -15,7 +15,7 @@ import pytest
 
 from accel_mnist import TrainConfig
 from accel_mnist.cli import build_parser, config_from_args, main
-from accel_mnist.distributed.strategy_checks import strategy_line
+from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.errors import UsageError
 from accel_mnist.launch.launchers import process_group_of_one
 from accel_mnist.launch.settings import check_launch, zero3_init
@@ -163,7 +163,7 @@ def test_a_bad_json(env, capsys, tmp_path, content, message):
 
 
 def test_cpu_with_a_json_is_refused_where_deepspeed_would_be_dropped(env, capsys, tmp_path):
-    from accel_mnist.distributed.strategy import build_accelerator
+    from accel_mnist.distributed.accelerator import build_accelerator
 
     env.setenv("ACCELERATE_USE_CPU", "true")  # exported by hand, as multi_cpu.yaml's header suggests
     assert "Accelerate would silently drop DeepSpeed" in refused(
@@ -219,4 +219,4 @@ def test_torchrun_variables_are_left_alone(env):
     ],
 )  # fmt: skip
 def test_strategy_line(fields, line):
-    assert strategy_line(fields) == line
+    assert Strategy.from_fields(fields).line == line

@@ -10,12 +10,12 @@ import torch
 
 from accel_mnist import TrainConfig
 from accel_mnist.distributed.option_rules import (
-    Setup,
     buffers_change,
     cast_float_buffers,
     channels_last_change,
     float_buffers,
 )
+from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.training.step import to_memory_format
 from tests import matrix
 from tests.helpers import REPO
@@ -53,20 +53,20 @@ def test_every_shipped_config_is_a_strategy():
 def test_channels_last_stays_off_the_parameters_where_they_are_flattened():
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3))
     config = TrainConfig(channels_last=True)
-    for setup in (Setup(kind="DEEPSPEED", zero_stage=2), Setup(kind="FSDP", fsdp_version=2)):
+    for setup in (Strategy(kind="DEEPSPEED", zero_stage=2), Strategy(kind="FSDP", fsdp_version=2)):
         assert channels_last_change(setup)
         assert to_memory_format(model, config, setup)[0].weight.is_contiguous()
-    assert channels_last_change(Setup(kind="MULTI_GPU", device="cuda")) is None
-    to_memory_format(model, config, Setup())
+    assert channels_last_change(Strategy(kind="MULTI_GPU", device="cuda")) is None
+    to_memory_format(model, config, Strategy())
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_fsdp2_in_16_bits_casts_batchnorm_statistics_and_says_so():
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4))
     assert float_buffers(model)
-    assert buffers_change(Setup(kind="FSDP", fsdp_version=2, precision="bf16", device="cuda"), True)
-    assert buffers_change(Setup(kind="FSDP", fsdp_version=2, precision="no", device="cuda"), True) is None
-    assert buffers_change(Setup(kind="FSDP", fsdp_version=1, precision="bf16", device="cuda"), True) is None
+    assert buffers_change(Strategy(kind="FSDP", fsdp_version=2, precision="bf16", device="cuda"), True)
+    assert buffers_change(Strategy(kind="FSDP", fsdp_version=2, precision="no", device="cuda"), True) is None
+    assert buffers_change(Strategy(kind="FSDP", fsdp_version=1, precision="bf16", device="cuda"), True) is None
     cast_float_buffers(model, torch.bfloat16)
     assert model[1].running_mean.dtype == torch.bfloat16 and model[1].num_batches_tracked.dtype == torch.int64
     assert "running_mean" in dict(model[1].named_buffers())

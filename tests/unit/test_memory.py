@@ -128,14 +128,14 @@ def test_an_exported_wide_mlp_loads_and_a_lying_config_builds_nothing(tmp_path):
 def test_one_process_counts_the_real_tensors_and_its_hooks_go_after_the_first_step():
     from accelerate import Accelerator
 
-    from accel_mnist.distributed.strategy import strategy_fields
+    from accel_mnist.distributed.strategy import Strategy
 
     accelerator = Accelerator(cpu=True)
     model = MLP((256, 128))
     numels = trainable_numels(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
-    watch = MemoryWatch.start(accelerator, TrainConfig(model="mlp"), strategy_fields(accelerator), numels, model,
+    watch = MemoryWatch.start(accelerator, TrainConfig(model="mlp"), Strategy.of(accelerator), numels, model,
                               optimizer)  # fmt: skip
     psi = sum(numels)
     assert watch.held == _kinds(4 * psi, 0, 0)  # no gradient nor Adam state before the first step

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from accel_mnist.cli import main
+from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.memory.activations import trace
 from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, meta_model
 from accel_mnist.memory.model_states import STRATEGIES, Setup
@@ -21,6 +22,8 @@ from accel_mnist.memory.peak_inputs import inputs_for
 from accel_mnist.models import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
+
+BF16_GPU = Strategy(device="cuda", precision="bf16")
 
 
 def tiny_model() -> nn.Module:
@@ -190,7 +193,7 @@ def test_a_model_that_needs_real_values_is_refused_by_estimate_and_left_unpredic
                           state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))  # fmt: skip
 
     def plan(model):
-        return plan_peak(gpu, TrainConfig(), {"mixed_precision": "bf16"}, model, (1, 28, 28), 0,
+        return plan_peak(gpu, TrainConfig(), BF16_GPU, model, (1, 28, 28), 0,
                          lambda m, x, y, dtype: m(x).sum())  # fmt: skip
 
     unpredicted = plan(NeedsValues())
@@ -222,11 +225,11 @@ def test_a_model_only_the_probe_runs_is_predicted_with_a_line_on_its_paths(monke
     monkeypatch.setattr(plan_module, "measure", lambda *args, **kwargs: measured)  # the GPU's answer
     gpu = SimpleNamespace(device=torch.device("cuda", 0), autocast=nullcontext,
                           state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))  # fmt: skip
-    plan = plan_module.plan_peak(gpu, TrainConfig(), {"mixed_precision": "bf16"}, NeedsValues(), (1, 28, 28), 0,
+    plan = plan_module.plan_peak(gpu, TrainConfig(), BF16_GPU, NeedsValues(), (1, 28, 28), 0,
                                  lambda m, x, y, dtype: m(x).sum())  # fmt: skip
     assert plan.inputs is not None and plan.inputs.source == "probe" and plan.trace is None
     assert plan.note.startswith("peak memory: the probe measured the path its example images took")
     assert "does not run on the meta device" in plan.note
-    traced = plan_module.plan_peak(gpu, TrainConfig(), {"mixed_precision": "bf16"}, tiny_model(), (1, 28, 28), 0,
+    traced = plan_module.plan_peak(gpu, TrainConfig(), BF16_GPU, tiny_model(), (1, 28, 28), 0,
                                    lambda m, x, y, dtype: m(x).sum())  # fmt: skip
     assert traced.note is None and traced.trace is not None

@@ -51,8 +51,12 @@ def test_prewarm_computes_in_the_runs_precision_and_layout():
 def test_the_copy_computes_as_the_strategy_prepares_the_model():
     """FSDP2 at 16 bits keeps BatchNorm's statistics in 16 bits and computes without autocast: an fp32 copy
     under autocast beside them failed (issue 35: bncnn + prewarm under fsdp2.yaml); the strategy's rule runs."""
-    from accel_mnist.distributed.option_rules import CopyPrecision, cast_float_buffers, copy_precision
+    from accel_mnist.distributed.option_rules import cast_float_buffers
+    from accel_mnist.distributed.strategy import CopyPrecision, Strategy
     from accel_mnist.models import build_model
+
+    def copy_precision(kind: str, precision: str, fsdp_version: int = 0) -> CopyPrecision:
+        return Strategy(kind=kind, precision=precision, fsdp_version=fsdp_version).copy_precision
 
     assert copy_precision("FSDP", "bf16", 2) == CopyPrecision("bf16", autocast=False)
     assert copy_precision("FSDP", "bf16", 1) == CopyPrecision("bf16", autocast=True)

@@ -119,15 +119,15 @@ def test_expandable_segments_by_default_and_never_over_the_users_choice():
 
 
 def test_a_captured_step_is_not_predicted():
-    from accel_mnist.distributed.option_rules import Setup as StrategySetup
+    from accel_mnist.distributed.strategy import Strategy
     from accel_mnist.memory.plan import CAPTURED
     from accel_mnist.training.memory_plan import captured
 
-    gpu = StrategySetup(kind="NO", device="cuda", precision="bf16")
+    gpu = Strategy(kind="NO", device="cuda", precision="bf16")
     graph = TrainConfig(cuda_graph=True, scheduler="onecycle", cycle_momentum=False)
     assert captured(gpu, graph)
     assert not captured(gpu, graph.replace(cuda_graph=False))
-    assert not captured(StrategySetup(kind="DEEPSPEED", device="cuda", precision="fp16", zero_stage=2), graph)
+    assert not captured(Strategy(kind="DEEPSPEED", device="cuda", precision="fp16", zero_stage=2), graph)
     assert not captured(gpu, graph.replace(optimizer="sgd"))  # the eager step runs: predicted as usual
     plan = PeakPlan(inputs=probed(base(), probe(), 512, 1000)).refused(CAPTURED)
     assert plan.inputs is None and plan.predicted(NUMELS, SETUP)["peak_unpredicted"].startswith("cannot predict")
@@ -136,7 +136,7 @@ def test_a_captured_step_is_not_predicted():
 def test_a_batch_settled_after_the_accelerator_is_built_reaches_deepspeeds_config():
     from types import SimpleNamespace
 
-    from accel_mnist.distributed.strategy import set_batch
+    from accel_mnist.distributed.accelerator import set_batch
 
     ds = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"}
     plugin = SimpleNamespace(deepspeed_config=ds)

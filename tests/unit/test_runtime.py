@@ -10,7 +10,7 @@ import accelerate.utils
 import pytest
 
 from accel_mnist import TrainConfig
-from accel_mnist.distributed.strategy import build_accelerator
+from accel_mnist.distributed.accelerator import build_accelerator
 
 
 def test_build_accelerator_leaves_accelerates_modules_as_they_are(tmp_path):
@@ -46,7 +46,7 @@ def _fake_deepspeed_accelerator(mixed_precision: str, ds_config: dict):
 def test_deepspeed_casts_buffers_with_the_parameters(mixed_precision, expected):
     # Without it DeepSpeed 0.19 leaves BatchNorm's running statistics in fp32 beside fp16
     # weights, and bncnn fails in its first forward under zero2.yaml on a GPU.
-    from accel_mnist.distributed.strategy import _align_deepspeed
+    from accel_mnist.distributed.accelerator import _align_deepspeed
 
     ds: dict = {"zero_optimization": {"stage": 2}}
     _align_deepspeed(_fake_deepspeed_accelerator(mixed_precision, ds), TrainConfig(), 1)  # type: ignore[arg-type]
@@ -54,7 +54,7 @@ def test_deepspeed_casts_buffers_with_the_parameters(mixed_precision, expected):
 
 
 def test_a_deepspeed_json_keeps_its_own_buffer_dtype():
-    from accel_mnist.distributed.strategy import _align_deepspeed
+    from accel_mnist.distributed.accelerator import _align_deepspeed
 
     ds: dict = {"zero_optimization": {"stage": 2}, "data_types": {"buffer_dtype": "fp32"}}
     _align_deepspeed(_fake_deepspeed_accelerator("fp16", ds), TrainConfig(), 1)  # type: ignore[arg-type]
@@ -69,7 +69,7 @@ def test_allocated_optimizer_state_changes_nothing_a_checkpoint_does_not_overwri
 
     import torch
 
-    from accel_mnist.distributed.strategy import _allocate_optimizer_state
+    from accel_mnist.distributed.prepare import _allocate_optimizer_state
 
     def make(model):
         if name == "sgd":

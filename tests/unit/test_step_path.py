@@ -58,7 +58,8 @@ def test_an_explicit_set_to_none_goes_to_accelerate():
 
 def test_the_loop_gets_the_direct_step_on_one_cpu_process(tmp_path):
     from accel_mnist import TrainConfig
-    from accel_mnist.distributed.strategy import build_accelerator, prepare
+    from accel_mnist.distributed.accelerator import build_accelerator
+    from accel_mnist.distributed.prepare import prepare
 
     config = TrainConfig(output_dir=str(tmp_path), model="linear", grad_accum=1)
     accelerator = build_accelerator(config)

@@ -7,18 +7,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from .strategy import Strategy
+
 
 def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tensor]:
     """A snapshot of the full fp32 CPU weights of a prepared model, keyed as the user's module.
 
     Call it on every process: under ZeRO-3 it gathers the shards, a collective operation.
     """
-    from accelerate.utils import DistributedType
-
-    module = _unwrapped(accelerator, model)
-    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+    strategy = Strategy.of(accelerator)
+    module = _unwrapped(accelerator, model, strategy)
+    if strategy.runs_engine:
         return _deepspeed_state_dict(module)
-    if accelerator.distributed_type == DistributedType.FSDP:
+    if strategy.kind == "FSDP":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # torch's gathering, as accelerator.get_state_dict does it for FSDP2; its FSDP1 branch
@@ -27,20 +28,20 @@ def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tenso
         # Offloaded (several processes), the full dict lands on the main process only and the
         # others get an empty one. Under dynamo, FSDP2 wraps the compiled module ("_orig_mod.").
         options = StateDictOptions(full_state_dict=True, cpu_offload=accelerator.num_processes > 1)
-        return _fp32_cpu(_strip_wrapper_prefixes(get_model_state_dict(model, options=options)))
-    return _fp32_cpu(module.state_dict())
+        return fp32_cpu(strip_wrapper_prefixes(get_model_state_dict(model, options=options)))
+    return fp32_cpu(module.state_dict())
 
 
-def _unwrapped(accelerator: Any, model: nn.Module) -> nn.Module:
+def _unwrapped(accelerator: Any, model: nn.Module, strategy: Strategy) -> nn.Module:
     """What accelerator.unwrap_model(model, keep_torch_compile=False) gives, without its cost
     where the wrapper is known: accelerate 1.15 imports deepspeed on every unwrap where it is
     installed, to test for its engine (the export phase of benchmarks/results/h200-2026-12-01b)."""
-    from accelerate.utils import DistributedType, is_compiled_module
+    from accelerate.utils import is_compiled_module
 
     if not is_compiled_module(model):
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return model.module
-        if accelerator.distributed_type == DistributedType.NO:
+        if strategy.kind == "NO":
             return model  # Accelerate moved it and may have wrapped its forward, nothing else
     return accelerator.unwrap_model(model, keep_torch_compile=False)
 
@@ -73,11 +74,12 @@ def _deepspeed_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
         if key in params:
             state[key] = full[id(params[key])]
         elif key in buffers:
-            state[key] = _fp32_cpu({key: buffers[key]})[key]
+            state[key] = fp32_cpu({key: buffers[key]})[key]
     return state
 
 
-def _fp32_cpu(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+def fp32_cpu(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Each tensor of `state` as a CPU copy, floating point in fp32 (non-tensors left out)."""
     # Clone: the snapshot must not change as training goes on, nor share memory between tied
     # names (safetensors refuses shared tensors). Integer buffers keep their type.
     out = {}
@@ -89,7 +91,8 @@ def _fp32_cpu(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _strip_wrapper_prefixes(state: dict[str, Any]) -> dict[str, Any]:
+def strip_wrapper_prefixes(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` keyed as the user's module: wrapper prefixes that every key shares removed."""
     # save_state keeps the model from before DDP wrapped it, so keys come unprefixed; this is
     # for weights saved from a wrapper ("module." of DDP, "_orig_mod." of torch.compile).
     for prefix in ("module.", "_orig_mod."):
