@@ -9,26 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import memory, report, runner
+from benchmarks import report, runner
 from benchmarks.baselines import plain_pytorch
 from benchmarks.suites import SUITES
 from tests.helpers import REPO
-
-
-def test_memory_candidates_point_at_existing_configs():
-    for name, (config, launch_args, _) in memory.LAUNCH.items():
-        assert (REPO / "accelerate_configs" / f"{config}.yaml").is_file(), name
-        if "--deepspeed_config_file" in launch_args:
-            path = REPO / launch_args[launch_args.index("--deepspeed_config_file") + 1]
-            assert json.loads(path.read_text())["zero_optimization"]["stage"] == int(name[4]), name
-
-
-def test_memory_predicts_with_the_library_accounting():
-    psi, n = 10**6, 2  # fp16 Adam: 16 Psi under DDP; ZeRO's fp32 gradient partition at the step
-    assert [memory.predicted_model_states([psi], n, s) for s in range(4)] == [16 * psi, 10 * psi, 10 * psi, 10 * psi]
-
-
-# -- python -m benchmarks: the suites' bookkeeping ---------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(SUITES))
@@ -293,34 +277,6 @@ def test_a_pairs_ratio_pairs_runs_by_their_repeat_index():
         "* a / b (steady_ms / ms, run by run): median **1.400** (0.800–2.000) over 2 pairs",
         "* a / b (median wall seconds): 1.00 / 1.00 = **1.00**",
     ]
-
-
-def test_step_trace_finds_the_loops_steps(tmp_path):
-    import gzip
-
-    from benchmarks import step_trace
-
-    def event(name, ts, dur):
-        return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur}
-
-    loop = "accel_mnist/training/loop.py"
-    events = [
-        event(f"{loop}(33): train", 0, 10_000),
-        event("accel_mnist/training/start.py(49): start_run", 10, 4_000),
-        event(f"{loop}(100): fit", 5_000, 4_000),
-        event(f"{loop}(150): micro_batch", 5_100, 900),
-        event("torch/optim/lr_scheduler.py(1): step", 6_050, 100),
-        event(f"{loop}(150): micro_batch", 6_200, 800),
-    ]
-    trace = tmp_path / "trace.json.gz"
-    with gzip.open(trace, "wt") as f:
-        json.dump({"traceEvents": events}, f)
-    report = step_trace.summarize(trace)
-    assert report["train_ms"] == 10.0
-    assert report["children"][0] == ("accel_mnist/training/start.py(49): start_run", 4.0)
-    # the first step from fit's start to its micro_batch's end; the scheduler falls in the second
-    assert [s["ms"] for s in report["steps"]] == [1.0, 1.0]
-    assert "lr_scheduler" in report["steps"][1]["longest"][1][0]
 
 
 def test_a_call_of_one_row_takes_over_that_row_only(tmp_path):
