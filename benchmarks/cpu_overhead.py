@@ -16,7 +16,8 @@ A forward pre-hook on the model stamps every training step in both loops (train(
 model as an argument), so on CPU ms/step is the steady-state median interval between steps
 (first 10 left out), then the median over repeats; train_seconds / steps (warm-up included)
 is kept too. Prints one JSON line (the ratios); `--out` also saves one record per model.
---gpu runs the same four on the GPU (fp32, records gpu_overhead). --plain-gather makes the
+(Records gpu_overhead came from a --gpu option, gone since: `git show 5a530c8:benchmarks/cpu_overhead.py`
+runs them as they ran.) --plain-gather makes the
 plain loop gather batches as accel_mnist's DeviceLoader does, so that the ratio measures the loop
 alone: `index_select` (`images[idx]`, the inline default, costs about 20 us more per batch of 64
 on CPU) or `normalised` (index_select from a split normalised once, as the DeviceLoader does
@@ -86,12 +87,12 @@ def accel_run(model: str, batch_size: int, steps: int, data_loader: str, data_di
             "test_accuracy": results.get("test_accuracy"), **step_stats(net.step_times)}  # fmt: skip
 
 
-def plain_run(model: str, batch_size: int, steps: int, data: str, threads: int, data_dir: str, gpu: bool,
+def plain_run(model: str, batch_size: int, steps: int, data: str, threads: int, data_dir: str,
               gather: str = "index") -> dict:  # fmt: skip
     args = plain_pytorch.parse_args([
         "--model", model, "--batch-size", str(batch_size), "--max-steps", str(steps), "--data", data,
         "--gather", gather,
-        "--threads", str(threads), "--warmup-steps", "0", "--data-dir", data_dir, *([] if gpu else ["--cpu"]),
+        "--threads", str(threads), "--warmup-steps", "0", "--data-dir", data_dir, "--cpu",
     ])  # fmt: skip
     net = timed_model(model)
     original = plain_pytorch.build_model
@@ -111,20 +112,15 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", default="linear=400,cnn=60", help="steps per run, per model")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--gpu", action="store_true", help="the same comparison on the GPU (fp32; records gpu_overhead)")
     p.add_argument("--plain-gather", choices=["index", "index_select", "normalised"], default="index",
                    help="how plain/device gathers a batch: images[idx] (as written inline), index_select "
                    "(what accel_mnist's DeviceLoader calls), or index_select from a split normalised once "
                    "(what the DeviceLoader does where the float32 copy fits)")  # fmt: skip
     p.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     args = p.parse_args(argv)
-    import torch as _torch
-
-    if args.gpu and not _torch.cuda.is_available():
-        raise SystemExit("error: --gpu but no CUDA GPU found")
-    if not args.gpu and _torch.cuda.is_available():
-        raise SystemExit("error: a GPU is visible; run with CUDA_VISIBLE_DEVICES= for the CPU comparison, or --gpu")
-    bench = "gpu_overhead" if args.gpu else "cpu_overhead"
+    if torch.cuda.is_available():
+        raise SystemExit("error: a GPU is visible; run with CUDA_VISIBLE_DEVICES= for the CPU comparison")
+    bench = "cpu_overhead"
     steps_for = dict(item.split("=") for item in args.steps.split(","))
     data_dir = benchlib.data_dir()
     variants = ["plain/dataloader", "plain/device", "accel/torch", "accel/device"]
@@ -139,8 +135,7 @@ def main(argv=None) -> int:
                     torch.manual_seed(0)
                     kind, data = v.split("/")
                     if kind == "plain":
-                        r = plain_run(model, args.batch_size, steps, data, args.threads, data_dir, args.gpu,
-                                     args.plain_gather)  # fmt: skip
+                        r = plain_run(model, args.batch_size, steps, data, args.threads, data_dir, args.plain_gather)
                     else:
                         r = accel_run(model, args.batch_size, steps, data, data_dir, f"{tmp}/{model}-{data}-{rep}")
                     r["ms_per_step_total"] = r["train_seconds"] / r["steps"] * 1e3
@@ -152,10 +147,8 @@ def main(argv=None) -> int:
                         f"(acc {r.get('test_accuracy') or float('nan'):.3f})",
                         file=sys.stderr,
                     )
-            # CPU: steady-state step time (median per-step interval, warm-up left out), the
-            # median over repeats. GPU: forwards are only enqueued, so the intervals show the
-            # CPU's launch rate; there train_seconds / steps is the honest number.
-            key = "ms_per_step_total" if args.gpu else "ms_per_step_median"
+            # Steady-state step time (median per-step interval, warm-up left out), the median over repeats.
+            key = "ms_per_step_median"
             ms = {v: statistics.median(r[key] for r in runs[v]) for v in variants}
             ms_total = {v: statistics.median(r["ms_per_step_total"] for r in runs[v]) for v in variants}
             ms_min = {v: min(r["ms_per_step_min"] for r in runs[v]) for v in variants}
@@ -174,8 +167,8 @@ def main(argv=None) -> int:
                 "ratio_device_speedup_accel": ms["accel/torch"] / ms["accel/device"],
                 "ratio_device_speedup_plain": ms["plain/dataloader"] / ms["plain/device"],
                 "runs": runs,
-                "note": ("ms_per_step: CPU = median over repeats of each run's median per-step interval "
-                         f"(first {WARMUP} steps left out); GPU = train_seconds / steps"),
+                "note": ("ms_per_step: median over repeats of each run's median per-step interval "
+                         f"(first {WARMUP} steps left out)"),
             }  # fmt: skip
             benchlib.save_record(bench, f"{model}-b{args.batch_size}-t{args.threads}", record, args.out)
             summary[model] = {"ms_per_step": ms, **{k: v for k, v in record.items() if k.startswith("ratio")}}
