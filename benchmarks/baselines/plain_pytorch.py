@@ -47,7 +47,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--data", choices=["dataloader", "device"], default="device")
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (--data dataloader)")
     p.add_argument("--gather", choices=["index", "index_select", "normalised"], default="index",
                    help="--data device: images[idx] (advanced indexing) or images.index_select(0, idx)")  # fmt: skip
     p.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=False,
@@ -67,7 +66,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
-    p.add_argument("--tag", default="", help="label added to the result file name")
     p.add_argument("--scheduler", choices=["none", "onecycle"], default="none", help="torch OneCycleLR over the run")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (clock paused)")
     p.add_argument("--stop-at-accuracy", type=float, default=None, help="stop at the first evaluation >= this")
@@ -161,7 +159,7 @@ def build_loaders(args, device):
         return (DeviceBatches(*train, spec.mean, spec.std, args.batch_size, device, True, args.seed, args.gather),
                 DeviceBatches(*test, spec.mean, spec.std, 1000, device, False, 0))  # fmt: skip
     pin = device.type == "cuda"
-    common = dict(num_workers=args.num_workers, pin_memory=pin, persistent_workers=args.num_workers > 0)
+    common = dict(pin_memory=pin)
     train_dl = torch.utils.data.DataLoader(
         ImageTensorDataset(*train, spec.mean, spec.std), batch_size=args.batch_size, shuffle=True,
         generator=torch.Generator().manual_seed(args.seed), **common,
@@ -374,13 +372,11 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "tag")}
+    config = {k: v for k, v in vars(args).items() if k != "out"}
     if args.config:
         print(f"plain_pytorch: from {args.config}, ignored keys: {', '.join(args.recipe_ignored) or 'none'}")
     record = {"benchmark": "plain_pytorch", "config": config, **result}
-    tag = (
-        f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}{args.tag and '-' + args.tag}"
-    )
+    tag = f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}"
     tick = time.perf_counter()
     benchlib.save_record("plain_pytorch", tag, record, args.out)
     add_phase(result["phases"], "write_record", time.perf_counter() - tick)
