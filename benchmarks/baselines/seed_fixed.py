@@ -25,7 +25,7 @@ Changes from the post (everything else is as written there):
 Not fixed, on purpose (it is the seed's behaviour): there is no DistributedSampler, so
 with N processes every rank trains on all 60000 images each epoch, and the configured
 train_batch_size 64 is the GLOBAL batch (DeepSpeed derives a micro batch of 64/N that the
-DataLoader, at 64, does not follow). `--distributed-sampler` adds the sampler, for comparison.
+DataLoader, at 64, does not follow).
 
 Launch:  deepspeed --num_gpus 2 --module benchmarks.baselines.seed_fixed
          python -m benchmarks.baselines.seed_fixed --max-steps 20     (CPU smoke test)
@@ -89,7 +89,6 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (smoke tests)")
     parser.add_argument("--data-dir", default=None, help="default $ACCEL_MNIST_DATA_DIR")
-    parser.add_argument("--distributed-sampler", action="store_true", help="shard the data (not in the post)")
     parser.add_argument("--out", default=None, help="also save the whole record as OUT/<bench>-<stamp>-<tag>.json")
     parser.add_argument("--metrics-out", default=None,
                         help="measurement only: test accuracy after each epoch (clock stopped), as JSON lines of "
@@ -104,8 +103,7 @@ def main() -> int:
 
     # 准备数据
     train_dataset = IDXMNIST(root=root, train=True, transform=transforms.ToTensor())
-    sampler = torch.utils.data.DistributedSampler(train_dataset) if args.distributed_sampler else None
-    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=64, shuffle=sampler is None, sampler=sampler)
+    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=64, shuffle=True)
 
     # 初始化模型和优化器
     model = SimpleModel()
@@ -113,7 +111,7 @@ def main() -> int:
 
     # DeepSpeed的配置
     ds_config = {
-        "train_batch_size": 64 * (world if args.distributed_sampler else 1),
+        "train_batch_size": 64,
         "gradient_accumulation_steps": 1,
         "fp16": {"enabled": cuda},  # change 3
         "zero_optimization": {"stage": 2},
@@ -153,8 +151,6 @@ def main() -> int:
     sync()
     start = time.perf_counter()
     for epoch in range(args.epochs):  # 5个epoch
-        if sampler is not None:
-            sampler.set_epoch(epoch)
         tick = time.perf_counter()
         for batch in train_loader:
             inputs, labels = batch
@@ -188,8 +184,7 @@ def main() -> int:
         record = {
             "benchmark": "seed_fixed",
             "config": {"model": "linear", "batch_size": 64, "lr": 3e-4, "zero_stage": 2, "fp16": cuda,
-                       "epochs": args.epochs, "max_steps": args.max_steps,
-                       "distributed_sampler": args.distributed_sampler},
+                       "epochs": args.epochs, "max_steps": args.max_steps, "distributed_sampler": False},
             "world_size": world, "fp16": cuda, "epochs_run": len(epoch_seconds), "steps": steps,
             # per rank; without the sampler every rank sees the whole dataset
             "samples_per_second": samples / train_seconds,
