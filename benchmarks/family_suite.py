@@ -3,7 +3,6 @@ r"""The family memory suite: predicted against measured peak GPU memory for arch
     source .device/setup.sh && python3 -m benchmarks.family_suite --out OUT [--only REGEX] [--budget 270]
         [--alloc-conf expandable_segments:True]                    # OUT/family_suite.{json,md}
     python3 -m benchmarks.family_suite --out OUT --capped           # OUT/capped.{json,md}
-    python3 -m benchmarks.family_suite --list [--capped]            # the rows, held-out ones marked; runs nothing
     python3 -m benchmarks.family_suite --out OUT --merge A/family_suite.json B/family_suite.json   # one table
 
 Rows: every family of benchmarks/families.py x batch (64, 1024, 4096) x accelerate_configs/
@@ -206,7 +205,8 @@ def capped_table(records: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="predicted against measured peak memory for other architectures")
-    p.add_argument("--out", help="the folder for the tables, the records and the generated accelerate configs")
+    p.add_argument("--out", required=True, help="the folder for the tables, the records and the generated "
+                   "accelerate configs")  # fmt: skip
     p.add_argument("--parallel", type=int, default=12, help="rows at once")
     p.add_argument("--gib", type=float, default=110.0, help="the rows' rough GiB held under this at once")
     p.add_argument("--only", default=None, help="a regular expression: the rows whose name it matches")
@@ -214,20 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None, help="seconds after which no row starts (skipped)")
     p.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF for every row's process")
     p.add_argument("--capped", action="store_true", help="the capped-allocator checks instead of the rows")
-    p.add_argument("--list", action="store_true", help="print the rows, the held-out ones marked; run nothing")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="write one table from these family_suite.json files")
     args = p.parse_args(argv)
-    if not args.list and not args.out:
-        p.error("--out is needed unless --list")
-    out = Path(args.out or ".").resolve()
+    out = Path(args.out).resolve()
     every = capped_rows(args.alloc_conf) if args.capped else rows(out, args.alloc_conf)
     chosen = [r for r in every if not args.only or re.search(args.only, r["name"])]
-    if args.list:
-        for r in chosen:
-            print(f"{r['name']:34} {'held out' if r.get('held_out') else '':8} ~{r['weight']} GiB")
-        held = sum(bool(r.get("held_out")) for r in chosen)
-        print(f"{len(chosen)} rows: {len(chosen) - held} tuning, {held} held out", flush=True)
-        return 0
     out.mkdir(parents=True, exist_ok=True)
     name = "capped" if args.capped else "family_suite"
     if args.merge:  # the records of several calls (--only), in the suite's order, as one table
