@@ -11,24 +11,14 @@ the `floor` row measures alone).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from accel_mnist.memory.model_states import KINDS
 
 MIB = 1 << 20
-_FACTS = ("distributed_type", "num_processes", "zero_stage", "mixed_precision", "model", "num_parameters",
-          "offload_optimizer", "offload_param", "test_accuracy", "steps")  # fmt: skip
-
-
-def parse_memory(stdout: str, run_dir: Path, row: dict[str, Any]) -> dict[str, Any]:
-    """The run's strategy facts and results.json's `memory` ({} without results.json)."""
-    path = run_dir / "results.json"
-    if not path.is_file():
-        return {}
-    results = json.loads(path.read_text())
-    return {**{k: results[k] for k in _FACTS if k in results}, "memory": results["memory"]}
+# What runner.PARSERS["memory"] reads of a run's results.json, with its `memory`.
+FACTS = ("distributed_type", "num_processes", "zero_stage", "mixed_precision", "model", "num_parameters",
+         "offload_optimizer", "offload_param", "test_accuracy", "steps")  # fmt: skip
 
 
 def largest(parsed: dict[str, Any]) -> dict[str, Any]:

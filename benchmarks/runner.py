@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,21 +66,19 @@ def parse_json_line(stdout: str, run_dir: Path, row: Row) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines else {}
 
 
-def parse_results(stdout: str, run_dir: Path, row: Row) -> dict[str, Any]:
-    path = run_dir / "results.json"
-    if not path.is_file():
-        return {}
-    results = json.loads(path.read_text())
-    keep = (
-        "test_accuracy",
-        "train_seconds",
-        "wall_seconds",
-        "steps",
-        "samples_per_second",
-        "warmup_seconds",
-        "steady_samples_per_second",
-    )
-    return {k: results[k] for k in keep if k in results}
+def results_parser(*keep: str) -> Callable[[str, Path, Row], dict[str, Any]]:
+    """A parser that reads these keys of the run's results.json ({} without one)."""
+
+    def parse(stdout: str, run_dir: Path, row: Row) -> dict[str, Any]:
+        path = run_dir / "results.json"
+        results = json.loads(path.read_text()) if path.is_file() else {}
+        return {k: results[k] for k in keep if k in results}
+
+    return parse
+
+
+parse_results = results_parser("test_accuracy", "train_seconds", "wall_seconds", "steps", "samples_per_second",
+                               "warmup_seconds", "steady_samples_per_second")  # fmt: skip
 
 
 def parse_curve(stdout: str, run_dir: Path, row: Row) -> dict[str, Any]:
@@ -114,7 +113,7 @@ def saved_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 PARSERS = {"wall": lambda *_: {}, "json_line": parse_json_line, "results": parse_results, "curve": parse_curve,
-           "memory": memory_suite.parse_memory}  # fmt: skip
+           "memory": results_parser(*memory_suite.FACTS, "memory")}  # fmt: skip
 
 
 def run_once(row: Row, run: dict[str, Any], ctx: dict[str, str], out: Path, timeout: float,
