@@ -30,8 +30,8 @@ PHASES = {  # phase name: (module, attribute); the run looks each up at call tim
     "prewarm": ("accel_mnist.training.start", "prewarm"),
     "run_dir": ("accel_mnist.training.loop", "RunDir"),
     "prepare": ("accel_mnist.training.start", "prepare"),
-    "step_setup": ("accel_mnist.training.loop", "build_step"),  # the CUDA graph's capture, where asked
-    "evaluate": ("accel_mnist.training.loop", "evaluate"),
+    "step_setup": ("accel_mnist.training.run", "build_step"),  # the CUDA graph's capture, where asked
+    "evaluate": ("accel_mnist.training.run", "evaluate"),
     "export": ("accel_mnist.export.model_dir", "full_state_dict"),
     "export_save": ("accel_mnist.export.model_dir", "save_exported"),
     "report": ("accel_mnist.report", "write_report"),

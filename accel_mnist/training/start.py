@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,27 +37,8 @@ from .memory_plan import plan_memory
 from .preemption import StopSignals
 from .prewarm import prewarm
 from .records import versions
+from .run import TrainingRun
 from .step import batch_loss, to_memory_format
-
-
-@dataclass
-class RunParts:
-    """What a run is made of once started; training/loop.py's TrainingRun adds the training."""
-
-    accelerator: Accelerator
-    strategy: Strategy  # what the launch set up, worked out once here
-    config: TrainConfig
-    stop: StopSignals
-    run_dir: RunDir
-    state: ckpt.TrainState
-    data: Loaders
-    model: nn.Module
-    optimizer: Any
-    scheduler: Any
-    cadence: Cadence
-    steps_per_epoch: int
-    facts: dict[str, Any]  # what results.json says about the setup
-    memory: MemoryWatch  # model states held and predicted, and the peaks: counted at evaluations
 
 
 def start_run(
@@ -67,19 +47,16 @@ def start_run(
     model: nn.Module | None,
     stop: StopSignals,
     run_dir: RunDir,
+    plan: Plan,
     own: OwnData,
-) -> RunParts | dict[str, Any]:
-    """Check everything on every rank, then open the output directory and prepare the objects;
-    a finished run's results instead where `output_dir` holds one.
+) -> TrainingRun:
+    """Check everything on every rank, then open the output directory and prepare the objects.
+    `plan`: what the output directory holds and `--resume-from` means there (RunDir.plan).
 
     The stages below run in this order, each a function of its own: the plan, the data, the
     model, the checks against the checkpoint, the output directory, the prewarm, prepare, resume.
     """
     strategy = Strategy.of(accelerator)
-    plan = run_dir.plan()  # locked, then agreed by every rank: what --resume-from means here
-    if plan.finished is not None:
-        accelerator.print(f"{config.output_dir} holds a finished run (results.json): nothing to train")
-        return plan.finished
     resume, state = plan.resume, plan.state or ckpt.TrainState()
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
@@ -105,7 +82,7 @@ def start_run(
     if resume:
         _resume(accelerator, config, resume, rng_states, state)
     cadence = Cadence.of(config, state.total_steps)
-    return RunParts(accelerator, strategy, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
+    return TrainingRun(accelerator, strategy, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
                     steps_per_epoch, facts, memory)  # fmt: skip
 
 
