@@ -10,12 +10,13 @@ from torch import nn
 from .strategy import Strategy
 
 
-def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(accelerator: Any, model: nn.Module, strategy: Strategy | None = None) -> dict[str, torch.Tensor]:
     """A snapshot of the full fp32 CPU weights of a prepared model, keyed as the user's module.
+    `strategy`: the one that prepared it (default: the Accelerator's).
 
     Call it on every process: under ZeRO-3 it gathers the shards, a collective operation.
     """
-    strategy = Strategy.of(accelerator)
+    strategy = strategy or Strategy.of(accelerator)
     module = _unwrapped(accelerator, model, strategy)
     if strategy.runs_engine:
         return _deepspeed_state_dict(module)
@@ -27,7 +28,7 @@ def full_state_dict(accelerator: Any, model: nn.Module) -> dict[str, torch.Tenso
         # FULL_SHARD into NO_SHARD: "offload_to_cpu=True and NO_SHARD is not supported yet").
         # Offloaded (several processes), the full dict lands on the main process only and the
         # others get an empty one. Under dynamo, FSDP2 wraps the compiled module ("_orig_mod.").
-        options = StateDictOptions(full_state_dict=True, cpu_offload=accelerator.num_processes > 1)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=strategy.num_processes > 1)
         return fp32_cpu(strip_wrapper_prefixes(get_model_state_dict(model, options=options)))
     return fp32_cpu(module.state_dict())
 

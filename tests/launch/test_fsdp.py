@@ -83,11 +83,11 @@ MAKE_CHECKPOINTS = textwrap.dedent(
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # The live export's path (export.full_state_dict) on this FSDP2 model, in every rank.
     from types import SimpleNamespace
-    from accelerate.utils import DistributedType
+    from accel_mnist.distributed.strategy import Strategy
     from accel_mnist.export.model_dir import full_state_dict
-    fsdp_run = SimpleNamespace(distributed_type=DistributedType.FSDP, num_processes=state.num_processes,
-                               state=SimpleNamespace(deepspeed_plugin=None), unwrap_model=lambda m, **kw: m)
-    live = full_state_dict(fsdp_run, model)
+    fsdp_run = SimpleNamespace(unwrap_model=lambda m, **kw: m)
+    fsdp2 = Strategy(kind="FSDP", fsdp_version=2, num_processes=state.num_processes)
+    live = full_state_dict(fsdp_run, model, fsdp2)
     if state.is_main_process:
         save_file({k: v.contiguous() for k, v in full.items()}, str(out / "expected.safetensors"))
         save_file(live, str(out / "live.safetensors"))
