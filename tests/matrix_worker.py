@@ -1,13 +1,15 @@
-"""Runs cells of the option matrix (tests/matrix.py) one after another in one
-launched process group, and writes what each did to a JSON file (rank 0).
+"""Runs cells of the option matrix (tests/matrix.py), or of the pair matrix (tests/pairs.py,
+with --pairs), one after another in one launched process group, and writes what each did to a
+JSON file (rank 0).
 
-    accelerate launch LAUNCH_ARGS -m tests.matrix_worker OUT.json STRATEGY PRECISION DEVICE [CELL ...]
+    accelerate launch LAUNCH_ARGS -m tests.matrix_worker OUT.json STRATEGY PRECISION DEVICE [--pairs] [CELL ...]
 
 One launch per strategy, precision and process count keeps the launch tier's time in check: the
 cells share the interpreter, the imports and the process group (train() leaves the group to the
 process's exit, so that it can run again in the same process).
 Each cell records "trains", "changes" (results.json's `changes` lines), "refuses" (the UsageError's
-one line) or "crashes" (the traceback): the last is always a failure.
+one line) or "crashes" (the traceback): the last is always a failure. A pair cell may hold several of
+the ways of running that are not options (your own model and data, a resume): they compose.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -23,7 +26,7 @@ import torch
 
 from accel_mnist import train
 from accel_mnist.errors import UsageError, one_line
-from tests.matrix import option_cells
+from tests.matrix import EXTRA_CELLS, option_cells
 
 STEPS = 2
 
@@ -49,22 +52,29 @@ class OwnModel(torch.nn.Module):
         return self.head(torch.relu(self.conv(x)).flatten(1))
 
 
+def extras(cell) -> frozenset[str]:
+    """The EXTRA_CELLS a cell holds: a pair cell names them, an option cell is one or none."""
+    return getattr(cell, "extras", frozenset({cell.name}) & frozenset(EXTRA_CELLS))
+
+
 def run_cell(cell, base: dict, out: Path) -> dict:
-    """Train one cell; its outcome."""
+    """Train one cell (with your own model, your own data, resumed: as many as it holds); its outcome."""
     config = cell.config(**base, output_dir=str(out))
-    if cell.name == "own_model":
-        results = train(config, OwnModel())
-    elif cell.name == "own_data":
-        train_data, test_data = tiny_data()
-        results = train(config, train_data=train_data, test_data=test_data)
-    elif cell.name == "resume":
-        first = train(config.replace(checkpoint_every=1, save_checkpoints=True, keep_checkpoints=2))
+    ways = extras(cell)
+
+    def run(config):
+        model = OwnModel() if "own_model" in ways else None
+        train_data, test_data = tiny_data() if "own_data" in ways else (None, None)
+        return train(config, model, train_data=train_data, test_data=test_data)
+
+    if "resume" in ways:
+        first = run(config.replace(checkpoint_every=1, save_checkpoints=True, keep_checkpoints=2))
         step_1 = out / "checkpoints" / "step_1"
-        results = train(config.replace(resume_from=str(step_1), checkpoint_every=1, save_checkpoints=True))
+        results = run(config.replace(resume_from=str(step_1), checkpoint_every=1, save_checkpoints=True))
         if results["steps"] != first["steps"]:
             raise AssertionError(f"resumed run ended at step {results['steps']}, not {first['steps']}")
     else:
-        results = train(config)
+        results = run(config)
     if results.get("steps") != STEPS:
         raise AssertionError(f"trained {results.get('steps')} steps, not {STEPS}")
     changes = list(results.get("changes", []))
@@ -83,23 +93,47 @@ def small_mnist(folder: Path) -> str:
     return str(folder)
 
 
+def cells_of(table: str) -> list:
+    """The cells of a table: "matrix" (one option at a time) or "pairs" (tests/pairs.py)."""
+    if table == "pairs":
+        from tests.pairs import pair_cells
+
+        return list(pair_cells())
+    return option_cells()
+
+
+def expect_of(table: str):
+    """The expectation function of a table: (strategy, precision, device, processes, cell) -> Outcome."""
+    if table == "pairs":
+        from tests.pairs import expect
+
+        return expect
+    from tests.matrix import expect
+
+    return expect
+
+
 def main() -> int:
     out_file, names = Path(sys.argv[1]), sys.argv[5:]
+    table = "pairs" if names[:1] == ["--pairs"] else "matrix"
+    names = names[1:] if table == "pairs" else names
     root = out_file.parent / "runs"
     base = dict(max_steps=STEPS, batch_size=32, eval_batch_size=500, quiet=True, plots=False, log_level="warning",
                 download=False, save_checkpoints=False, data_dir=small_mnist(out_file.parent / "mnist"))  # fmt: skip
     if os.environ.get("MATRIX_TRAIN_ARGS"):  # --deepspeed_config strategies: a TrainConfig field
         key, value = os.environ["MATRIX_TRAIN_ARGS"].split("=", 1)
         base[key] = value
-    cells = [c for c in option_cells() if not names or c.name in names]
+    cells = [c for c in cells_of(table) if not names or c.name in names]
     outcomes = {}
     for index, cell in enumerate(cells):
+        start = time.perf_counter()
         try:
             outcomes[cell.name] = run_cell(cell, base, root / f"cell_{index}")
         except UsageError as e:
             outcomes[cell.name] = {"kind": "refuses", "lines": [one_line(e)]}
         except Exception:  # a crash: what the matrix exists to find
             outcomes[cell.name] = {"kind": "crashes", "lines": [traceback.format_exc()]}
+        outcomes[cell.name]["seconds"] = round(time.perf_counter() - start, 2)
         if int(os.environ.get("RANK", "0")) == 0:
             out_file.write_text(json.dumps(outcomes, indent=1))
     return 0
@@ -109,8 +143,10 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-def run_group(strategy, precision: str, device: str, processes: int, out: Path, timeout: int = 900) -> dict:
-    """Launch one group of cells (every cell of the matrix) and return {cell name: outcome}, or
+def run_group(
+    strategy, precision: str, device: str, processes: int, out: Path, timeout: int = 900, table: str = "matrix"
+) -> dict:
+    """Launch one group of cells (every cell of the table) and return {cell name: outcome}, or
     raise AssertionError with the launch's output where it wrote no outcomes."""
     import shutil
     import subprocess
@@ -124,6 +160,7 @@ def run_group(strategy, precision: str, device: str, processes: int, out: Path, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     env["OMP_NUM_THREADS"] = "1"
     worker = ["-m", "tests.matrix_worker", str(result), strategy.name, precision, device]
+    worker += ["--pairs"] if table == "pairs" else []
     bin_dir = Path(sys.executable).parent
     if strategy.launch == ("python",):
         env["MATRIX_TRAIN_ARGS"] = "=".join(strategy.train_args).lstrip("-")
@@ -141,21 +178,36 @@ def run_group(strategy, precision: str, device: str, processes: int, out: Path, 
     return json.loads(result.read_text())
 
 
+def matches(want, got: dict) -> bool:
+    """Whether a cell did what was expected: the kind and the lines alike, or for a known failure
+    (tests/pairs.py KNOWN_FAILURES) a crash whose traceback ends with the expected line."""
+    if want.kind == "crashes":
+        return got["kind"] == "crashes" and got["lines"][0].rstrip().endswith(want.lines[0])
+    return got["kind"] == want.kind and tuple(got["lines"]) == want.lines
+
+
 def check_groups(
-    groups, device: str, root: Path, parallel: int = 1, record: Path | None = None
+    groups,
+    device: str,
+    root: Path,
+    parallel: int = 1,
+    record: Path | None = None,
+    table: str = "matrix",
+    timeout: int = 900,
 ) -> tuple[dict, list[str]]:
-    """Run every group (in `parallel` launches at a time) and compare each cell with the matrix's
-    expectation; ({"strategy precision Np": {cell: outcome}}, the mismatches as lines)."""
+    """Run every group (in `parallel` launches at a time, each within `timeout` seconds) and compare
+    each cell with the table's expectation; ({"strategy precision Np": {cell: outcome}}, the
+    mismatches as lines)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.matrix import expect
+    expect = expect_of(table)
 
     def one(group):
         strategy, precision, processes = group
         label = f"{strategy.name} {precision} {processes}p"
         folder = root / label.replace(" ", "_").replace("--", "")
         try:
-            return label, group, run_group(strategy, precision, device, processes, folder)
+            return label, group, run_group(strategy, precision, device, processes, folder, timeout, table)
         except (AssertionError, OSError) as e:  # no outcomes at all: a launch that failed
             return label, group, {"launch": {"kind": "crashes", "lines": [str(e)]}}
 
@@ -163,10 +215,10 @@ def check_groups(
     with ThreadPoolExecutor(parallel) as pool:
         for label, (strategy, precision, processes), outcomes in pool.map(one, groups):
             seen[label] = outcomes
-            for cell in option_cells():
+            for cell in cells_of(table):
                 want = expect(strategy, precision, device, processes, cell)
                 got = outcomes.get(cell.name, {"kind": "missing", "lines": []})
-                if got["kind"] != want.kind or tuple(got["lines"]) != want.lines:
+                if not matches(want, got):
                     wrong.append(f"{label} {cell.name}: expected {want.kind} {list(want.lines)}, got {got['kind']} "
                                  f"{[line[-2000:] for line in got['lines']]}")  # fmt: skip
             if record is not None:  # as each group ends: a run cut short keeps what it saw
