@@ -20,7 +20,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -102,15 +104,11 @@ def cells_of(table: str) -> list:
     return option_cells()
 
 
-def expect_of(table: str):
+def expect_of(table: str) -> Callable[..., Any]:
     """The expectation function of a table: (strategy, precision, device, processes, cell) -> Outcome."""
-    if table == "pairs":
-        from tests.pairs import expect
+    from tests import matrix, pairs
 
-        return expect
-    from tests.matrix import expect
-
-    return expect
+    return pairs.expect if table == "pairs" else matrix.expect
 
 
 def main() -> int:
