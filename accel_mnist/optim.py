@@ -28,6 +28,21 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     return torch.optim.Adadelta(params, lr=config.lr, weight_decay=wd)
 
 
+def schedule_refusal(config: TrainConfig) -> str | None:
+    """Why torch cannot run the config's schedule over the config's optimizer (None: it can).
+
+    OneCycleLR cycles the optimizer's momentum (SGD's) or beta1 (Adam's) unless told not to, and
+    refuses, mid-setup, an optimizer that has neither ("optimizer must support momentum or beta1
+    with `cycle_momentum` option enabled"): Adadelta.
+    """
+    if config.scheduler == "onecycle" and config.cycle_momentum and config.optimizer == "adadelta":
+        return (
+            "scheduler onecycle cycles the optimizer's momentum (cycle_momentum: true) and adadelta has none; "
+            "set cycle_momentum: false (--cycle-momentum false), or use adam, adamw or sgd"
+        )
+    return None
+
+
 def torch_scheduler(
     optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int, steps_per_epoch: int
 ) -> LRScheduler:

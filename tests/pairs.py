@@ -20,10 +20,12 @@ every pair is covered. The seed makes it the same array everywhere, and each row
 no earlier row covers. `python -m tests.pairs` prints the sizes per group; tests/unit/test_pairs.py
 checks the coverage by enumerating every pair under every group.
 
-Known failures. A pair of values that fails with a traceback (KNOWN_FAILURES) would hide every
-other pair of the row it falls in, so no row of the array holds it; a cell of its own holds the
-two values, expected to fail as they do now, and it fails the test once they are fixed, so that
-the pair goes back into the array.
+Pairs kept apart. A pair of values that refuses together where each alone trains
+(PAIR_REFUSALS: adadelta has no momentum for onecycle to cycle) would hide every other pair of
+the row it falls in, and so would one that fails with a traceback (KNOWN_FAILURES, none now); no
+row of the array holds such a pair. A cell of its own holds the two values, expected to refuse
+with the runtime's line, or, for a known failure, to fail as it does now (the test fails once it
+is fixed, so that the pair goes back into the array).
 
 Groups. The whole array runs in each group (a strategy, precision and process count: one
 launch) that it runs in, so every pair of option values meets under each such group: each
@@ -61,6 +63,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from accel_mnist.config import TrainConfig
+from accel_mnist.optim import schedule_refusal
 from tests import matrix
 
 SEED = 2024
@@ -77,16 +80,18 @@ CPU_GROUPS = (
     ("zero_file_optim_sched", "no", 1),
 )
 
-# Pairs of values that fail with a traceback where a run should train or refuse in one line:
-# {(value, value): the last line of the traceback}. Each is kept out of the array and run in a
-# cell of its own (see the docstring); remove the entry once the pair trains or refuses.
-KNOWN_FAILURES = {
-    # torch's OneCycleLR cycles momentum by default (cycle_momentum: true), and Adadelta has none:
-    # `accel-mnist train --optimizer adadelta --scheduler onecycle` stops in build_scheduler.
-    ("optimizer=adadelta", "scheduler=onecycle"): (
-        "ValueError: optimizer must support momentum or beta1 with `cycle_momentum` option enabled"
+# Pairs of values that refuse together, in one line, where each alone trains: {(value, value): the line}.
+# Each is kept out of the array and run in a cell of its own (see the docstring).
+PAIR_REFUSALS = {
+    # torch's OneCycleLR cycles momentum by default (cycle_momentum: true), and Adadelta has none.
+    ("optimizer=adadelta", "scheduler=onecycle"): schedule_refusal(
+        TrainConfig(optimizer="adadelta", scheduler="onecycle")
     ),
 }
+# Pairs of values that fail with a traceback where a run should train or refuse in one line:
+# {(value, value): the last line of the traceback}, kept apart alike; remove an entry once the pair
+# trains or refuses. The pair matrix found one (the pair above, then a ValueError from torch).
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -195,11 +200,17 @@ def covering_array(
 
 @dataclass(frozen=True)
 class PairCell:
-    """A value of each parameter, run as one cell: a row of the array, or a known failure's own cell."""
+    """A value of each parameter, run as one cell: a row of the array, or the own cell of a pair kept apart."""
 
     values: tuple[matrix.Cell, ...]  # one per parameter, in parameters() order
     defaults: tuple[bool, ...]  # whether each is its parameter's default
     known_failure: str = ""  # a KNOWN_FAILURES cell: the last line of its traceback
+    refusal: str = ""  # a PAIR_REFUSALS cell: its line
+
+    @property
+    def apart(self) -> bool:
+        """A cell of its own for a pair kept out of the array."""
+        return bool(self.known_failure or self.refusal)
 
     @property
     def name(self) -> str:
@@ -228,17 +239,24 @@ def _index(params: Sequence[Parameter], name: str) -> tuple[int, int]:
 
 @functools.cache
 def pair_cells() -> tuple[PairCell, ...]:
-    """The pair matrix's cells: the covering array over parameters(), then a cell per KNOWN_FAILURES pair."""
+    """The pair matrix's cells: the covering array over parameters(), then a cell per pair kept apart
+    (PAIR_REFUSALS, KNOWN_FAILURES)."""
     params = parameters()
-    known = {_pair(*_index(params, a), *_index(params, b)): line for (a, b), line in KNOWN_FAILURES.items()}
-    rows = [(row, "") for row in covering_array([len(p.values) for p in params], frozenset(known))]
-    for (i, a, j, b), line in known.items():
+    apart = {_pair(*_index(params, a), *_index(params, b)): (line or "", "") for (a, b), line in PAIR_REFUSALS.items()}
+    apart |= {_pair(*_index(params, a), *_index(params, b)): ("", line) for (a, b), line in KNOWN_FAILURES.items()}
+    rows = [(row, ("", "")) for row in covering_array([len(p.values) for p in params], frozenset(apart))]
+    for (i, a, j, b), lines in apart.items():
         row = [0] * len(params)
         row[i], row[j] = a, b
-        rows.append((tuple(row), line))
+        rows.append((tuple(row), lines))
     return tuple(
-        PairCell(tuple(p.values[v] for p, v in zip(params, row, strict=True)), tuple(v == 0 for v in row), line)
-        for row, line in rows
+        PairCell(
+            tuple(p.values[v] for p, v in zip(params, row, strict=True)),
+            tuple(v == 0 for v in row),
+            known_failure=failure,
+            refusal=refusal,
+        )  # fmt: skip
+        for row, (refusal, failure) in rows
     )
 
 
@@ -249,7 +267,9 @@ def expect(strategy: matrix.Strategy, precision: str, device: str, processes: in
         if alone.kind == "refuses":
             return alone
     # A DeepSpeed JSON with its own optimizer and schedule builds neither of the config's, so the
-    # known failures (all of them the config's optimizer with its schedule) do not happen there.
+    # pairs kept apart (all of them the config's optimizer with its schedule) train there.
+    if cell.refusal and not strategy.own_optimizer:
+        return matrix.Outcome("refuses", (cell.refusal,))
     if cell.known_failure and not strategy.own_optimizer:
         return matrix.Outcome("crashes", (cell.known_failure,))
     # The option matrix's rules on the whole config. A cell named own_model is read as the own
@@ -281,11 +301,11 @@ def headline(devices: Sequence[str]) -> str:
     cells, and per device its groups and what their cells are expected to do."""
     params = parameters()
     cells = pair_cells()
-    known = sum(bool(c.known_failure) for c in cells)
+    apart = sum(c.apart for c in cells)
     lines = [
         f"{len(params)} parameters ({', '.join(f'{p.name} {len(p.values)}' for p in params)}) make "
-        f"{len(all_pairs([len(p.values) for p in params]))} pairs of values, all held by {len(cells) - known} "
-        f"cells, plus {known} known failure{'s' * (known != 1)} in a cell of its own ({len(cells)} a group)."
+        f"{len(all_pairs([len(p.values) for p in params]))} pairs of values, all held by {len(cells) - apart} "
+        f"cells, plus {apart} pair{'s' * (apart != 1)} kept apart in a cell of its own ({len(cells)} a group)."
     ]
     label = {"cpu": "On the CPU", "cuda": "On a CUDA GPU"}
     for device in devices:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..config import TrainConfig, parse_bool
 from ..errors import ConfigError, UsageError
+from ..optim import schedule_refusal
 from .launchers import MPI_SIZE_VARS, DeepSpeedJson, deepspeed_json, env_flag
 from .optim_sections import check_deepspeed_optim
 
@@ -62,6 +63,9 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
         # The same check runs again on Accelerate's copy (strategy._align_deepspeed); here it only
         # refuses early a JSON optimizer/scheduler that DeepSpeed would reject mid-setup.
         check_deepspeed_optim(copy.deepcopy(ds_json), config)
+    # The config's optimizer and schedule are built unless a DeepSpeed JSON brings its own optimizer.
+    if not (ds_json and "optimizer" in ds_json) and (why := schedule_refusal(config)):
+        raise UsageError(why)
     grad_accum, note = _resolve_grad_accum(config, launcher, ds_json, use_deepspeed)
     settings = LaunchSettings(grad_accum, use_deepspeed, found, notes=[note] if note else [])
     config.grad_accum = grad_accum

@@ -80,3 +80,11 @@ def test_gradient_clipping_flag_outside_deepspeed_is_reported(no_accelerate_env)
     no_accelerate_env.setattr("accel_mnist.launch.settings.launcher_args", lambda: args)
     notes = check_launch(TrainConfig()).notes
     assert len(notes) == 1 and "--gradient_clipping 1.0 only applies to DeepSpeed" in notes[0]
+
+
+def test_a_schedule_the_optimizer_cannot_run_is_refused_before_anything_starts(no_accelerate_env):
+    """adadelta has no momentum for onecycle to cycle: torch's OneCycleLR raised a ValueError mid-setup."""
+    with pytest.raises(UsageError, match="onecycle cycles the optimizer's momentum .* adadelta has none"):
+        check_launch(TrainConfig(optimizer="adadelta", scheduler="onecycle"))
+    check_launch(TrainConfig(optimizer="adadelta", scheduler="onecycle", cycle_momentum=False))
+    check_launch(TrainConfig(optimizer="sgd", scheduler="onecycle"))  # SGD's momentum is cycled
