@@ -12,7 +12,6 @@ from __future__ import annotations
 import pickle
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +28,6 @@ _NAME = re.compile(r"^step_(\d+)$")
 # Keys whose change makes a checkpoint mean something else; everything else may differ on resume.
 # The batch size may change with the number of processes as long as the global batch stays.
 MUST_MATCH = ("model", "mlp_hidden", "dataset", "grad_accum", "optimizer", "scheduler", "seed")
-
-
-@dataclass
-class TrainState:
-    """Where training stands: enough to continue at the exact next batch."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # epoch in progress (0-based)
-    batches_in_epoch: int = 0  # micro-batches of that epoch already consumed on each process
-    samples: int = 0  # training samples seen by each process
-    train_seconds: float = 0.0
-    # The first optimizer step of each process start (compilation, optimizer state), included
-    # in train_seconds and timed apart, so that a steady rate can leave it out.
-    warmup_seconds: float = 0.0
-    warmup_samples: int = 0
-    loss_sums: list[float] = field(default_factory=list)  # per rank, since the last evaluation
-    loss_count: int = 0
-    skipped_steps: int = 0
-    total_steps: int = 0  # what onecycle/cosine were sized for
-    strategy: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    # What `accel-mnist export` needs to rebuild the model: the registry name (or the class
-    # name of a user's module), the normalisation and the data it was trained with, and a
-    # transformers model's config.json.
-    model: str = ""
-    mean: float = 0.0
-    std: float = 1.0
-    dataset: str = ""  # the config's, or a label for data passed to train()
-    num_classes: int = 10
-    class_names: list[str] | None = None
-    input_shape: list[int] = field(default_factory=lambda: [1, 28, 28])
-    train_samples: int = 0  # 0: not recorded (older checkpoints)
-    transformers_config: dict[str, Any] | None = None
 
 
 def checkpoint_dir(output_dir: str | Path) -> Path:
@@ -84,16 +50,18 @@ def step_of(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: TrainState, keep: int) -> Path:
+def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: dict[str, Any], keep: int) -> Path:
     """Save on all ranks (DeepSpeed shards are written by each), publish atomically, keep `keep`.
+    `state`: trainer_state.json's object (training/state.py), with the step it was saved at.
 
     Where the storage refuses a write (full, quota, read-only...), every rank raises the same
     StorageError, the partial checkpoint is removed and the previous ones stay as they were.
     """
     root = checkpoint_dir(output_dir)
-    final = root / f"step_{state.step}"
-    tmp = root / f".tmp_step_{state.step}"
-    what = f"checkpoint step_{state.step}"
+    step = state["step"]
+    final = root / f"step_{step}"
+    tmp = root / f".tmp_step_{step}"
+    what = f"checkpoint step_{step}"
     previous = list_checkpoints(output_dir)
 
     def start() -> None:
@@ -107,7 +75,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: Tra
             accelerator.save_state(str(tmp))
         if accelerator.is_main_process:  # after every rank's files: the barrier is agree's gather
             # Written last: a folder without it is incomplete even if someone renames it by hand.
-            write_json_atomic(tmp / STATE_FILE, asdict(state))
+            write_json_atomic(tmp / STATE_FILE, state)
 
     try:
         agree(accelerator, start)
@@ -148,51 +116,13 @@ def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path | None:
     return path
 
 
-def read_state(path: Path) -> TrainState:
-    """The TrainState saved in checkpoint folder `path`; a one-line error if unreadable."""
-    try:
-        return TrainState(**read_json_object(path / STATE_FILE))
-    except TypeError as e:
-        raise UsageError(f"{path / STATE_FILE}: unreadable checkpoint state ({e})") from None
-
-
-def check_compatible(
-    saved: TrainState, strategy: Strategy, config: dict[str, Any], path: Path, total_steps: int,
-    data: dict[str, Any] | None = None,
-) -> None:  # fmt: skip
-    """Refuse to resume into a run that would silently mean something else (`data`: this run's
-    TrainState fields of its data, num_classes, class_names, input_shape, train_samples)."""
-    if saved.step >= total_steps:
-        raise UsageError(f"{path} is already at step {saved.step} of {total_steps}: nothing left to train")
-    if config.get("scheduler") in ("onecycle", "cosine") and saved.total_steps not in (0, total_steps):
-        raise UsageError(
-            f"{path} was saved with a {config['scheduler']} schedule over {saved.total_steps} steps but this run "
-            f"has {total_steps}; keep --epochs/--max-steps as they were (or use --scheduler none or step)"
-        )
-    strategy.check_resume(Strategy.from_fields(saved.strategy), path, saved.config, config)
-    for key in MUST_MATCH:
-        if saved.config.get(key) != config.get(key):
-            raise UsageError(
-                f"{path} was saved with {key}={saved.config.get(key)!r} but this run has {key}={config.get(key)!r}"
-            )
-    for key, now in (data or {}).items():
-        was = getattr(saved, key)
-        unrecorded = (key == "train_samples" and not was) or (key == "class_names" and was is None)
-        if not unrecorded and was != now:
-            raise UsageError(f"{path} was trained on data with {key}={was!r} but this run's data has {now!r}")
-
-
-def rescale_loss_sums(state: TrainState, num_processes: int) -> list[float]:
-    """Per-rank loss sums of the checkpoint for `num_processes` ranks.
-
-    Each rank sums its batches' mean losses and the train loss divides the total by the
-    number of ranks, so the total scales with the number of ranks; rank 0 carries it.
-    """
-    sums = state.loss_sums
-    if not sums or len(sums) == num_processes:
-        return sums or [0.0] * num_processes
-    total = sum(sums) * num_processes / len(sums)
-    return [total] + [0.0] * (num_processes - 1)
+def read_state(path: Path) -> dict[str, Any]:
+    """The trainer_state.json object of checkpoint folder `path` (training/state.py reads its fields);
+    a one-line error where it is unreadable or holds no step."""
+    state = read_json_object(path / STATE_FILE)
+    if not isinstance(state.get("step"), int) or not isinstance(state.get("strategy", {}), dict):
+        raise UsageError(f"{path / STATE_FILE}: unreadable checkpoint state (no step, or a strategy that is no object)")
+    return state
 
 
 def verify_checkpoint(accelerator: Accelerator, path: Path, trust: bool = False) -> dict[str, Any]:
@@ -206,7 +136,7 @@ def verify_checkpoint(accelerator: Accelerator, path: Path, trust: bool = False)
     """
     from .safe_load import read_checkpoint_files
 
-    saved = read_state(path).strategy.get("num_processes", 1)
+    saved = read_state(path).get("strategy", {}).get("num_processes", 1)
     rank = accelerator.process_index
     return agree(accelerator, lambda: read_checkpoint_files(path, rank, trust) if rank < saved else {})
 
@@ -222,7 +152,7 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rng_states: dict[str, 
     from . import universal as uc
     from .safe_load import check_rng_restored, refusal, weights_only_loads
 
-    universal = Strategy.of(accelerator).loads_universal(Strategy.from_fields(read_state(path).strategy))
+    universal = Strategy.of(accelerator).loads_universal(Strategy.from_fields(read_state(path).get("strategy", {})))
     ours = checkpoint_dir(accelerator.project_dir or path.parent.parent)  # project_dir: the output directory
     source = uc.convert(accelerator, path, ours, trust) if universal else path
 

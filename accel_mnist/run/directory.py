@@ -44,7 +44,7 @@ class Plan:
     (`finished` holds the results of a run that is already complete)."""
 
     resume: Path | None = None
-    state: ckpt.TrainState | None = None
+    state: dict[str, Any] | None = None  # the checkpoint's trainer_state.json (training/state.py reads it)
     finished: dict[str, Any] | None = None
 
 
@@ -83,7 +83,7 @@ class RunDir:
         agree(self.accelerator, self._claim)
         plan = agree(self.accelerator, self._plan_here)
         kind = _FINISHED if plan.finished is not None else _RESUME if plan.resume else _FRESH
-        step = plan.state.step if plan.state else -1
+        step = plan.state["step"] if plan.state else -1
         seen = gather_ints(self.accelerator, [kind, step])
         if any(row != seen[0] for row in seen):
             views = ", ".join(f"rank {r}: {_describe(*row)}" for r, row in enumerate(seen))
@@ -146,7 +146,7 @@ class RunDir:
         """Create the directory, check that every node sees it, and clear what this run replaces:
         after a resume, the checkpoints and metrics rows past its step; otherwise all of them."""
         acc = self.accelerator
-        resume_step = plan.state.step if plan.state else None
+        resume_step = plan.state["step"] if plan.state else None
 
         def create() -> None:
             try:  # on every rank (exist_ok), so that a failure stops them all alike
@@ -193,7 +193,7 @@ class RunDir:
         """Append one evaluation's metrics (main process)."""
         self._on_main(lambda: outputs.append_metrics(self.dir, row))
 
-    def save_checkpoint(self, state: ckpt.TrainState) -> Path:
+    def save_checkpoint(self, state: dict[str, Any]) -> Path:
         """A complete checkpoint of the current step (all ranks)."""
         return ckpt.save_checkpoint(self.accelerator, self.dir, state, self.config.keep_checkpoints)
 

@@ -20,7 +20,7 @@ from ..distributed.consensus import agree
 from ..errors import UsageError, one_line
 from ..model_output import logits_of
 from ..models import INPUT_SHAPE, build_model, num_parameters
-from ..run.checkpoint import TrainState
+from .state import RunDescription
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class RunData:
 
     @property
     def state_fields(self) -> dict[str, Any]:
-        """The TrainState fields that describe the data (checked on resume, recorded in exports)."""
+        """The RunDescription fields that describe the data (checked on resume, recorded in exports)."""
         names = self.train.class_names
         return {
             "num_classes": self.train.num_classes,
@@ -117,7 +117,7 @@ def check_takes(model: nn.Module, data: RunData) -> None:
         )
 
 
-def record(state: TrainState, model_name: str, model: nn.Module, data: RunData) -> None:
+def record(state: RunDescription, model_name: str, model: nn.Module, data: RunData) -> None:
     """Write into `state` what an export of this run needs to know about the model and the data."""
     from ..export.transformers_dir import hf_config
 
@@ -128,7 +128,7 @@ def record(state: TrainState, model_name: str, model: nn.Module, data: RunData) 
     state.transformers_config = hf_config(model, data.train.class_names)
 
 
-def run_facts(state: TrainState, model: nn.Module) -> dict[str, Any]:
+def run_facts(state: RunDescription, model: nn.Module) -> dict[str, Any]:
     """What results.json says about the model and the data."""
     return {
         "model": state.model,

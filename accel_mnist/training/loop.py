@@ -70,7 +70,7 @@ def train(
         if run is None:
             raise out_of_memory_error(accelerator, config.batch_size, None, None, None, exc) from None
         batch = run.config.batch_size  # `batch_size: auto` is settled there
-        raise out_of_memory_error(accelerator, batch, run.memory, run.state.step, run.last_checkpoint, exc) from None
+        raise out_of_memory_error(accelerator, batch, run.memory, run.progress.step, run.last_checkpoint, exc) from None
     finally:
         end_run(accelerator)
 

@@ -31,6 +31,8 @@ from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
 from .records import metrics_row, results_record
+from .state import Progress, RunDescription
+from .state import saved as saved_state
 from .step import EagerStep, GraphedStep, build_step
 
 
@@ -47,7 +49,8 @@ class TrainingRun:
     config: TrainConfig
     stop: StopSignals
     run_dir: RunDir
-    state: ckpt.TrainState
+    progress: Progress  # the loop's counters, saved with each checkpoint
+    described: RunDescription  # what the run is, saved with each checkpoint too
     data: Loaders
     model: nn.Module
     optimizer: Any
@@ -67,13 +70,13 @@ class TrainingRun:
         # step on a CPU, 4% of the seed model's step): left out, the learning rate is the same.
         self.step_schedule = _nothing if is_constant(self.scheduler) else self.scheduler.step
         # The train loss's sum and the non-finite steps, folded only where the loop syncs anyway.
-        sums, rank = self.state.loss_sums, self.accelerator.process_index
+        sums, rank = self.progress.loss_sums, self.accelerator.process_index
         self.losses = LossTally(self.accelerator.device, sums[rank] if sums else 0.0)
-        self.clock = TrainingClock(self.state, self.losses.fold)
+        self.clock = TrainingClock(self.progress, self.losses.fold)
         quiet = self.config.quiet or not self.accelerator.is_main_process
         self.bar = tqdm(
             total=self.cadence.total_steps,
-            initial=self.state.step,
+            initial=self.progress.step,
             unit="step",
             dynamic_ncols=True,
             disable=True if quiet else None,
@@ -83,12 +86,12 @@ class TrainingRun:
         """The run's step (training/step.py): built after any checkpoint is loaded, since capture records
         the optimizer state tensors it finds; and after the run exists, so that running out of memory
         while capturing still reports this run's memory."""
-        batch_shape = (self.config.batch_size, *self.state.input_shape)
+        batch_shape = (self.config.batch_size, *self.described.input_shape)
         self.step = build_step(self.accelerator, self.config, self.model, self.optimizer, batch_shape)
 
     def fit(self) -> None:
         """Train until out of steps or at the target accuracy; on a signal, checkpoint and raise Preempted."""
-        state, cadence, stop = self.state, self.cadence, self.stop
+        state, cadence, stop = self.progress, self.cadence, self.stop
         self._build_step()
         self.check()  # nothing to find yet; its first collective and kernels are then not training time
         self.model.train()
@@ -133,7 +136,7 @@ class TrainingRun:
 
     def micro_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One micro-batch through the run's step (training/step.py), and its bookkeeping."""
-        state = self.state
+        state = self.progress
         loss = self.step(inputs, labels)
         self.losses.add(loss)
         state.loss_count += 1
@@ -153,14 +156,17 @@ class TrainingRun:
         if worst >= self.config.max_nonfinite:  # gathered: every rank raises it
             raise on_every_rank(NonFiniteLossError(
                 f"loss was not finite for {self.config.max_nonfinite} optimizer steps in a row (at step "
-                f"{self.state.step}); the last good checkpoint is kept in {ckpt.checkpoint_dir(self.config.output_dir)}"
+                f"{self.progress.step}); the last good checkpoint is kept in "
+                f"{ckpt.checkpoint_dir(self.config.output_dir)}"
             ))  # fmt: skip
 
     def evaluate(self) -> None:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
-        accelerator, state = self.accelerator, self.state
+        accelerator, state = self.accelerator, self.progress
         self.memory.count(at_rest=True)  # between steps: before evaluating gathers ZeRO-3's parameters
-        evaluation = evaluate(self.model, self.data.test, accelerator, self.step.input_dtype, self.state.num_classes)
+        evaluation = evaluate(
+            self.model, self.data.test, accelerator, self.step.input_dtype, self.described.num_classes
+        )
         self.confusion_matrix = evaluation.pop("confusion_matrix")
         loss_sum = accelerator.reduce(self.losses.total(), "sum").item()
         train_loss = loss_sum / max(state.loss_count * accelerator.num_processes, 1)
@@ -187,16 +193,16 @@ class TrainingRun:
     def save(self) -> None:
         """Checkpoint this step on every rank."""
         self.check()  # never publish weights that a non-finite loss has already spoilt
-        self.state.loss_sums = self.accelerator.gather(self.losses.total().reshape(1)).tolist()
-        self.last_checkpoint = self.run_dir.save_checkpoint(self.state)
+        self.progress.loss_sums = self.accelerator.gather(self.losses.total().reshape(1)).tolist()
+        self.last_checkpoint = self.run_dir.save_checkpoint(saved_state(self.progress, self.described))
 
     def preempt(self) -> NoReturn:
         """Stop after the checkpoint a signal asked for; `--resume-from auto` continues from it."""
         assert self.last_checkpoint is not None  # fit() saves before it preempts
         signal_name = self.stop.received or "a signal to another rank"
         self.release()
-        self.run_dir.mark_preempted(signal_name, self.state.step, self.last_checkpoint)
-        raise Preempted(signal_name, self.state.step, self.last_checkpoint)
+        self.run_dir.mark_preempted(signal_name, self.progress.step, self.last_checkpoint)
+        raise Preempted(signal_name, self.progress.step, self.last_checkpoint)
 
     def finish(self, start: float, plots_in_background: bool) -> dict[str, Any]:
         """Export the weights, write results.json (and the PNGs), release the prepared objects."""
@@ -204,8 +210,8 @@ class TrainingRun:
         if config.export:
             from ..export.model_dir import export_prepared
 
-            state = self.state
-            extra: dict[str, Any] = {"mean": state.mean, "std": state.std, "step": state.step,
+            state = self.described
+            extra: dict[str, Any] = {"mean": state.mean, "std": state.std, "step": self.progress.step,
                                      "num_classes": state.num_classes, "class_names": state.class_names,
                                      "input_shape": state.input_shape}  # fmt: skip
             if config.mlp_hidden is not None and state.model == "mlp":
@@ -213,7 +219,7 @@ class TrainingRun:
             export_prepared(accelerator, self.model, self.run_dir.dir, state.model, state.dataset, extra,
                             state.transformers_config)  # fmt: skip
         results = results_record(
-            self.state,
+            self.progress,
             self.metrics,
             self.confusion_matrix,
             steps_per_epoch=self.steps_per_epoch,

@@ -38,6 +38,8 @@ from .preemption import StopSignals
 from .prewarm import prewarm
 from .records import versions
 from .run import TrainingRun
+from .state import Progress, RunDescription, check_compatible, rescale_loss_sums
+from .state import read as read_state
 from .step import batch_loss, to_memory_format
 
 
@@ -57,33 +59,37 @@ def start_run(
     model, the checks against the checkpoint, the output directory, the prewarm, prepare, resume.
     """
     strategy = Strategy.of(accelerator)
-    resume, state = plan.resume, plan.state or ckpt.TrainState()
+    resume = plan.resume
+    progress, was = read_state(plan.state, resume) if plan.state and resume else (Progress(), RunDescription())
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
     run_data = _load_data(config, run_dir, own)
     model_name, model = _build_model(accelerator, strategy, config, model, run_data)
     check_model(accelerator, model)
-    config, peak = plan_memory(accelerator, config, strategy, model, run_data, state.config if resume else None)
+    config, peak = plan_memory(accelerator, config, strategy, model, run_data, was.config if resume else None)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
-    saved = Strategy.from_fields(state.strategy) if resume else None  # before state.strategy is overwritten
-    _settle_state(accelerator, config, state, resume, strategy, _total_steps(config, steps_per_epoch), run_data)
-    record(state, model_name, model, run_data)
+    saved = Strategy.from_fields(was.strategy) if resume else None
+    total_steps = _total_steps(config, steps_per_epoch)
+    described = _describe(accelerator, config, progress, was, resume, strategy, total_steps, run_data)
+    record(described, model_name, model, run_data)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
-    _open_output(accelerator, config, run_dir, plan, state)
-    facts = _setup_facts(accelerator, config, state, model, strategy, data)
+    _open_output(accelerator, config, run_dir, plan, described)
+    facts = _setup_facts(accelerator, config, described, model, strategy, data)
     if config.prewarm:
-        facts["prewarm_seconds"] = _prewarm_copy(accelerator, strategy, config, model, run_data, data, state)
+        facts["prewarm_seconds"] = _prewarm_copy(accelerator, strategy, config, model, run_data, data, described)
     facts["probe_seconds"] = peak.probe_seconds
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
     peak = peak.with_data_bytes(data.device_bytes())
-    model, optimizer, scheduler = _prepare(accelerator, strategy, config, model, state, steps_per_epoch, saved, facts)
+    model, optimizer, scheduler = _prepare(
+        accelerator, strategy, config, model, described, steps_per_epoch, saved, facts
+    )
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer, peak)
     if resume:
-        _resume(accelerator, config, resume, rng_states, state)
-    cadence = Cadence.of(config, state.total_steps)
-    return TrainingRun(accelerator, strategy, config, stop, run_dir, state, data, model, optimizer, scheduler, cadence,
-                    steps_per_epoch, facts, memory)  # fmt: skip
+        _resume(accelerator, config, resume, rng_states, progress)
+    cadence = Cadence.of(config, total_steps)
+    return TrainingRun(accelerator, strategy, config, stop, run_dir, progress, described, data, model, optimizer,
+                       scheduler, cadence, steps_per_epoch, facts, memory)  # fmt: skip
 
 
 def _load_data(config: TrainConfig, run_dir: RunDir, own: OwnData) -> RunData:
@@ -114,40 +120,43 @@ def _total_steps(config: TrainConfig, steps_per_epoch: int) -> int:
     return total_steps
 
 
-def _settle_state(
+def _describe(
     accelerator: Accelerator,
     config: TrainConfig,
-    state: ckpt.TrainState,
+    progress: Progress,
+    was: RunDescription,
     resume: Path | None,
     strategy: Strategy,
     total_steps: int,
     run_data: RunData,
-) -> None:
-    """Check a checkpoint against this run on every rank (resuming), then write this run's
-    strategy, config and length into `state`."""
+) -> RunDescription:
+    """Check a checkpoint (at `progress`, of the run `was`) against this run on every rank (resuming),
+    then describe this run: its strategy, config and length (training/inputs.py's `record` adds the
+    model and the data)."""
     if resume:
-        saved, where, settings, described = state, resume, config.to_dict(), run_data.state_fields
+        settings, data_fields = config.to_dict(), run_data.state_fields
         consensus.agree(
-            accelerator, lambda: ckpt.check_compatible(saved, strategy, settings, where, total_steps, described)
+            accelerator,
+            lambda: check_compatible(progress, was, strategy, settings, resume, total_steps, data_fields),
         )
-        state.loss_sums = ckpt.rescale_loss_sums(state, accelerator.num_processes)
-    state.strategy, state.config, state.total_steps = strategy.fields(), config.to_dict(), total_steps
+        progress.loss_sums = rescale_loss_sums(progress, accelerator.num_processes)
+    return RunDescription(total_steps=total_steps, strategy=strategy.fields(), config=config.to_dict())
 
 
 def _open_output(
-    accelerator: Accelerator, config: TrainConfig, run_dir: RunDir, plan: Plan, state: ckpt.TrainState
+    accelerator: Accelerator, config: TrainConfig, run_dir: RunDir, plan: Plan, described: RunDescription
 ) -> None:
     """Write the output directory (the first write of the run) and start the trackers."""
     run_dir.open(plan)
     if config.report_to != "none":
-        hparams = {k: "none" if v is None else v for k, v in state.config.items()}
+        hparams = {k: "none" if v is None else v for k, v in described.config.items()}
         accelerator.init_trackers("accel_mnist", config=hparams)
 
 
 def _setup_facts(
     accelerator: Accelerator,
     config: TrainConfig,
-    state: ckpt.TrainState,
+    described: RunDescription,
     model: nn.Module,
     strategy: Strategy,
     data: Loaders,
@@ -155,7 +164,7 @@ def _setup_facts(
     """What results.json says about the setup; the prewarm's seconds are filled in as it runs. Its
     `changes`: each way the run differs from what the config asked, said here in one line."""
     facts = {
-        **run_facts(state, model),
+        **run_facts(described, model),
         "batch_size": config.batch_size,  # per process: the number `batch_size: auto` chose
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
         **strategy.fields(),
@@ -179,12 +188,13 @@ def _prewarm_copy(
     model: nn.Module,
     run_data: RunData,
     data: Loaders,
-    state: ckpt.TrainState,
+    described: RunDescription,
 ) -> float:
     """Seconds of the prewarm: every batch shape's step, and the loop's own tensor work, on a copy."""
     rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
     per_process = len(run_data.train) // accelerator.num_processes
-    return prewarm(model, config, accelerator.device, per_process, rehearsals, state.input_shape, accelerator.autocast,
+    shape = described.input_shape
+    return prewarm(model, config, accelerator.device, per_process, rehearsals, shape, accelerator.autocast,
                    strategy.copy_precision)  # fmt: skip
 
 
@@ -193,7 +203,7 @@ def _prepare(
     strategy: Strategy,
     config: TrainConfig,
     model: nn.Module,
-    state: ckpt.TrainState,
+    described: RunDescription,
     steps_per_epoch: int,
     saved: Strategy | None,
     facts: dict[str, Any],
@@ -203,10 +213,10 @@ def _prepare(
     # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
     engine_twin = copy.deepcopy(model) if config.prewarm and strategy.runs_engine else None
     model, optimizer, scheduler = prepare(
-        accelerator, config, model, state.total_steps, steps_per_epoch, strategy, saved
+        accelerator, config, model, described.total_steps, steps_per_epoch, strategy, saved
     )
     if engine_twin is not None:
-        batch_shape = (config.batch_size, *state.input_shape)
+        batch_shape = (config.batch_size, *described.input_shape)
         facts["prewarm_engine_seconds"] = prewarm_engine(
             accelerator, engine_twin, config, batch_shape,
             lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype),
@@ -217,8 +227,8 @@ def _prepare(
 
 
 def _resume(
-    accelerator: Accelerator, config: TrainConfig, resume: Path, rng_states: dict[str, Any], state: ckpt.TrainState
+    accelerator: Accelerator, config: TrainConfig, resume: Path, rng_states: dict[str, Any], progress: Progress
 ) -> None:
     """Load the checkpoint, checked at the plan, into the prepared objects and the RNGs."""
     ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
-    accelerator.print(f"resumed from {resume} at step {state.step}")
+    accelerator.print(f"resumed from {resume} at step {progress.step}")

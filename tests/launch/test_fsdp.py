@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -28,8 +27,8 @@ from safetensors.torch import load_file
 from accel_mnist import load_model
 from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE
 from accel_mnist.errors import UsageError
-from accel_mnist.run import checkpoint as ckpt
 from accel_mnist.run.checkpoint_weights import FSDP_FULL, FSDP_SHARDED, checkpoint_weights
+from accel_mnist.training.state import Progress, RunDescription, saved
 from tests.helpers import CONFIGS, REPO, accelerate_launch, run_accel_mnist
 
 no_gpu_only = pytest.mark.skipif(is_cuda_available(), reason="about machines without a GPU")
@@ -113,10 +112,11 @@ def fsdp_checkpoints(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp_ckpt")
     script = out / "make.py"
     script.write_text(MAKE_CHECKPOINTS)
-    state = ckpt.TrainState(step=1, model="mlp", mean=0.1307, std=0.3081, config={"dataset": "mnist", "model": "mlp"})
+    state = saved(Progress(step=1), RunDescription(model="mlp", mean=0.1307, std=0.3081,
+                                                   config={"dataset": "mnist", "model": "mlp"}))  # fmt: skip
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(script), str(out),
-                           json.dumps(asdict(state))], capture_output=True, text=True, timeout=300, cwd=REPO,
+                           json.dumps(state)], capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
