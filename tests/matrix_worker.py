@@ -196,6 +196,7 @@ def check_groups(
     """Run every group (in `parallel` launches at a time, each within `timeout` seconds) and compare
     each cell with the table's expectation; ({"strategy precision Np": {cell: outcome}}, the
     mismatches as lines)."""
+    import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
     expect = expect_of(table)
@@ -208,6 +209,8 @@ def check_groups(
             return label, group, run_group(strategy, precision, device, processes, folder, timeout, table)
         except (AssertionError, OSError) as e:  # no outcomes at all: a launch that failed
             return label, group, {"launch": {"kind": "crashes", "lines": [str(e)]}}
+        except subprocess.TimeoutExpired:  # one group's mismatch, not the whole test's error
+            return label, group, {"launch": {"kind": "crashes", "lines": [f"the launch ran past {timeout} s"]}}
 
     seen, wrong = {}, []
     with ThreadPoolExecutor(parallel) as pool:
