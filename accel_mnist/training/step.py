@@ -102,13 +102,20 @@ class EagerStep:
         """The forward pass and the loss, as every step computes them."""
         return batch_loss(self.model, inputs, labels, self.channels_last, self.input_dtype)
 
+    def work(self, inputs: torch.Tensor, labels: torch.Tensor, optimizer: Any) -> torch.Tensor:
+        """The step's work, top to bottom: forward and loss, backward, clipping, the optimizer's step.
+        The eager step runs it inside an accumulation and then zeroes the gradients; GraphedStep
+        records it once, with the torch optimizer itself, and replays it."""
+        loss = self.loss(inputs, labels)
+        self.micro.backward(loss)
+        if self.max_grad_norm is not None and self.accelerator.sync_gradients:
+            self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        optimizer.step()
+        return loss
+
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self.micro.accumulate():
-            loss = self.loss(inputs, labels)
-            self.micro.backward(loss)
-            if self.max_grad_norm is not None and self.accelerator.sync_gradients:
-                self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-            self.optimizer.step()
+            loss = self.work(inputs, labels, self.optimizer)
             self.optimizer.zero_grad()
         return loss
 
@@ -187,10 +194,11 @@ class GraphedStep:
         self.facts: dict[str, Any] = {"step": "cuda_graph", "capture_seconds": self.capture_seconds}
 
     def _work(self) -> torch.Tensor:
-        loss = self.eager.loss(self.static_inputs, self.static_labels)
-        loss.backward()
-        self.inner.step()
-        return loss
+        # The eager step's own work: where capture is allowed (option_rules.capture_refusal: one
+        # process or DDP, one micro-batch a step, no grad scaler, no clipping) its backward is
+        # loss.backward() and its optimizer step the torch optimizer's. The gradients stay: replay
+        # writes them where the capture allocated them.
+        return self.eager.work(self.static_inputs, self.static_labels, self.inner)
 
     def _capture(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         inner = self.inner
