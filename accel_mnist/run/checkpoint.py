@@ -117,11 +117,12 @@ def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path | None:
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    """The trainer_state.json object of checkpoint folder `path` (training/state.py reads its fields);
-    a one-line error where it is unreadable or holds no step."""
+    """The trainer_state.json object of checkpoint folder `path` (training/state.py reads its fields;
+    each left out takes its default, as a step of 0); a one-line error where it is unreadable."""
     state = read_json_object(path / STATE_FILE)
-    if not isinstance(state.get("step"), int) or not isinstance(state.get("strategy", {}), dict):
-        raise UsageError(f"{path / STATE_FILE}: unreadable checkpoint state (no step, or a strategy that is no object)")
+    if not isinstance(state.get("step", 0), int) or not isinstance(state.get("strategy", {}), dict):
+        raise UsageError(f"{path / STATE_FILE}: unreadable checkpoint state (a step that is no integer, or a "
+                         "strategy that is no object)")  # fmt: skip
     return state
 
 

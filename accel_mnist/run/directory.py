@@ -83,7 +83,7 @@ class RunDir:
         agree(self.accelerator, self._claim)
         plan = agree(self.accelerator, self._plan_here)
         kind = _FINISHED if plan.finished is not None else _RESUME if plan.resume else _FRESH
-        step = plan.state["step"] if plan.state else -1
+        step = plan.state.get("step", 0) if plan.state is not None else -1
         seen = gather_ints(self.accelerator, [kind, step])
         if any(row != seen[0] for row in seen):
             views = ", ".join(f"rank {r}: {_describe(*row)}" for r, row in enumerate(seen))
@@ -146,7 +146,7 @@ class RunDir:
         """Create the directory, check that every node sees it, and clear what this run replaces:
         after a resume, the checkpoints and metrics rows past its step; otherwise all of them."""
         acc = self.accelerator
-        resume_step = plan.state["step"] if plan.state else None
+        resume_step = plan.state.get("step", 0) if plan.state is not None else None
 
         def create() -> None:
             try:  # on every rank (exist_ok), so that a failure stops them all alike

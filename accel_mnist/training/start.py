@@ -60,7 +60,8 @@ def start_run(
     """
     strategy = Strategy.of(accelerator)
     resume = plan.resume
-    progress, was = read_state(plan.state, resume) if plan.state and resume else (Progress(), RunDescription())
+    fresh = (Progress(), RunDescription())
+    progress, was = read_state(plan.state, resume) if plan.state is not None and resume else fresh
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
     run_data = _load_data(config, run_dir, own)

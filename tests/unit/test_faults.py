@@ -66,6 +66,7 @@ def test_a_checkpoints_state_is_saved_flat_and_split_again():
     assert flat["step"] == 10 and flat["class_names"] == ["a", "b"] and "progress" not in flat
     assert read(flat, Path("ck")) == (progress, described)
     assert read({"step": 3}, Path("ck")) == (Progress(step=3), RunDescription())
+    assert read({}, Path("ck")) == (Progress(), RunDescription())  # every field left out takes its default
     with pytest.raises(
         UsageError, match=r"ck/trainer_state.json: unreadable checkpoint state \(unknown fields bogus\)"
     ):
