@@ -206,8 +206,9 @@ class Strategy:
         (run/universal.py). FSDP's are refused, as is FSDP1 with offloaded parameters.
         """
         # Its checkpoints differ by ZeRO stage, layout, FSDP version and state dict type.
+        was_fields, now_fields = saved.fields(), self.fields()
         for key in ("zero_stage", "distributed_type", "fsdp_version", "fsdp_state_dict_type"):
-            before, after = saved.fields().get(key), self.fields().get(key)
+            before, after = was_fields.get(key), now_fields.get(key)
             same = before == after or (key == "distributed_type" and saved.replicated and self.replicated)
             if not same:
                 raise UsageError(
