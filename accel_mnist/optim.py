@@ -14,18 +14,26 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .config import TrainConfig
 
+# config.optimizer -> the torch class it builds (outside a DeepSpeed JSON's own optimizer): its
+# __name__ is how the CUDA-graph rule and its lines name it (option_rules.capture_refusal).
+OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+    "adadelta": torch.optim.Adadelta,
+}
+
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """The TrainConfig's torch optimizer over the model's parameters."""
-    params = model.parameters()
-    wd = config.weight_decay
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=wd)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=wd)
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=wd)
-    return torch.optim.Adadelta(params, lr=config.lr, weight_decay=wd)
+    cls = OPTIMIZER_CLASSES[config.optimizer]
+    extra = {"momentum": config.momentum} if cls is torch.optim.SGD else {}
+    return cls(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, **extra)
+
+
+def optimizer_class_name(config: TrainConfig) -> str:
+    """The class name of the torch optimizer `config` builds (SGD for sgd, Adadelta for adadelta...)."""
+    return OPTIMIZER_CLASSES[config.optimizer].__name__
 
 
 def schedule_refusal(config: TrainConfig) -> str | None:

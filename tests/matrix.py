@@ -31,6 +31,7 @@ from accel_mnist.distributed.option_rules import (
 from accel_mnist.distributed.strategy import Strategy as RunStrategy
 from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE
 from accel_mnist.launch.launchers import fp16_on_cpu
+from accel_mnist.optim import optimizer_class_name
 
 # Ways of running that are not TrainConfig fields: train(config, model=...), train(config,
 # train_data=..., test_data=...), and a run stopped after its first step and resumed.
@@ -211,11 +212,7 @@ def expect(strategy: Strategy, precision: str, device: str, processes: int, cell
     if line := buffers_change(setup, _float_buffers(cell)):
         lines.append(line)
     if config.cuda_graph:
-        optimizer = (
-            "DeepSpeed's own"
-            if strategy.own_optimizer
-            else {"adam": "Adam", "adamw": "AdamW"}.get(config.optimizer, config.optimizer)
-        )
+        optimizer = "DeepSpeed's own" if strategy.own_optimizer else optimizer_class_name(config)
         if (reason := capture_refusal(setup, config, optimizer)) is not None:
             lines.append(eager_line(reason))
     return Outcome("changes", tuple(lines)) if lines else Outcome("trains")

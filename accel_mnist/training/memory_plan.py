@@ -29,17 +29,14 @@ from ..memory.plan import (
 )
 from ..memory.probe import available, probe_batches
 from ..memory.watch import setup_of, trainable_numels
+from ..optim import optimizer_class_name
 from .inputs import RunData
 from .step import batch_loss
-
-# The torch optimizer each capturable config.optimizer builds outside DeepSpeed and FSDP (optim.py).
-CAPTURED_NAMES = {"adam": "Adam", "adamw": "AdamW"}
 
 
 def captured(strategy: Strategy, config: TrainConfig) -> bool:
     """Whether the run's step will be captured as a CUDA graph (training/step.py asks the same rule)."""
-    optimizer = CAPTURED_NAMES.get(config.optimizer, config.optimizer)
-    return config.cuda_graph and capture_refusal(strategy, config, optimizer) is None
+    return config.cuda_graph and capture_refusal(strategy, config, optimizer_class_name(config)) is None
 
 
 def plan_memory(

@@ -10,12 +10,17 @@ import torch
 from accelerate.utils import DistributedType, DynamoBackend
 
 from accel_mnist import TrainConfig
+from accel_mnist.config import OPTIMIZERS
+from accel_mnist.distributed.option_rules import capture_refusal
 from accel_mnist.distributed.step import captures_under_ddp, ddp_side_stream
+from accel_mnist.distributed.strategy import Strategy
+from accel_mnist.optim import build_optimizer, optimizer_class_name
 from accel_mnist.training.step import (
     EagerStep,
     build_step,
     hyperparameters,
     make_capturable,
+    optimizer_name,
     to_memory_format,
     why_eager,
 )
@@ -52,6 +57,17 @@ def _adam(params=None):
 )  # fmt: skip
 def test_what_cannot_be_captured_is_named(accelerator, config, optimizer, reason):
     assert reason in why_eager(accelerator, TrainConfig(**config), optimizer)  # type: ignore[arg-type,operator]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_plan_and_the_step_name_each_optimizer_alike(name):
+    """The memory plan and the option tables ask the capture rule before an optimizer exists
+    (optimizer_class_name); the step asks it with the built one: one name for both."""
+    config = TrainConfig(optimizer=name)
+    built = build_optimizer(torch.nn.Linear(2, 2), config)
+    assert optimizer_class_name(config) == optimizer_name(built) == type(built).__name__
+    plain = why_eager(_accelerator(), config, built)
+    assert plain == capture_refusal(Strategy.of(_accelerator()), config, optimizer_class_name(config))
 
 
 @pytest.mark.parametrize("processes", [1, 2])
