@@ -1,4 +1,4 @@
-"""Benchmarks of accel_mnist beside plain PyTorch and the seed script: `python -m benchmarks SUITE`.
+"""Benchmarks of accel_mnist beside plain PyTorch: `python -m benchmarks SUITE`.
 
-Run from the repo root; every module is also a command (`python -m benchmarks.cpu_overhead ...`).
+Run from the repo root; every module is also a command (`python -m benchmarks.repeat ...`).
 """

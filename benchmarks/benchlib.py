@@ -117,23 +117,3 @@ def save_record(bench: str, tag: str, record: dict[str, Any], out: str | os.Path
     path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     print(f"[{bench}] wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}", file=sys.stderr)
     return path
-
-
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaGraphLaunch", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
-
-
-def kernel_profile(one_step: Any, steps: int) -> dict[str, float]:
-    """`steps` calls of `one_step` under torch.profiler: per step, the GPU's busy milliseconds
-    (kernels, copies and memsets summed), the kernels run and the host's launch calls."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            one_step()
-        torch.cuda.synchronize()
-    events = prof.events()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    launches = [e for e in events if e.name in LAUNCH_CALLS]
-    return {"gpu_ms_per_step": sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps,
-            "kernels_per_step": len(kernels) / steps, "launch_calls_per_step": len(launches) / steps}  # fmt: skip

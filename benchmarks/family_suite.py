@@ -23,7 +23,6 @@ least 25% there.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -35,7 +34,7 @@ import yaml
 
 from accel_mnist.errors import EXIT_OUT_OF_MEMORY
 from benchmarks.families import FAMILIES, LAYER_CLASSES
-from benchmarks.peak_suite import TRAIN, measured_peak, run_row, run_rows
+from benchmarks.peak_suite import TRAIN, measured_peak, run_row, run_rows, suite_parser
 
 STRATEGIES = ("single_gpu", "zero2", "zero3", "fsdp2", "zero3_offload")
 BATCHES = (64, 1024, 4096)
@@ -204,13 +203,7 @@ def capped_table(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="predicted against measured peak memory for other architectures")
-    p.add_argument("--out", required=True, help="the folder for the tables, the records and the generated "
-                   "accelerate configs")  # fmt: skip
-    p.add_argument("--parallel", type=int, default=12, help="rows at once")
-    p.add_argument("--gib", type=float, default=110.0, help="the rows' rough GiB held under this at once")
-    p.add_argument("--only", default=None, help="a regular expression: the rows whose name it matches")
-    p.add_argument("--timeout", type=float, default=240.0, help="seconds a launch may take")
+    p = suite_parser("predicted against measured peak memory for other architectures", parallel=12)
     p.add_argument("--budget", type=float, default=None, help="seconds after which no row starts (skipped)")
     p.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF for every row's process")
     p.add_argument("--capped", action="store_true", help="the capped-allocator checks instead of the rows")

@@ -209,14 +209,19 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="predicted against measured peak memory, row by row, on one GPU")
-    p.add_argument("--out", required=True)
-    p.add_argument("--parallel", type=int, default=8)
+def suite_parser(description: str, parallel: int) -> argparse.ArgumentParser:
+    """The flags both GPU memory suites take (this one and family_suite.py)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", required=True, help="the folder for the tables and the records")
+    p.add_argument("--parallel", type=int, default=parallel, help="rows at once")
     p.add_argument("--gib", type=float, default=110.0, help="the rows' rough GiB held under this at once")
     p.add_argument("--only", default=None, help="a regular expression: the rows whose name it matches")
-    p.add_argument("--timeout", type=float, default=240.0)
-    args = p.parse_args(argv)
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds a launch may take")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = suite_parser("predicted against measured peak memory, row by row, on one GPU", parallel=8).parse_args(argv)
     chosen = [r for r in rows() if not args.only or re.search(args.only, r["name"])]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,13 +4,13 @@ r"""Time to accuracy over many seeds in one process, as speed records time it.
     python -m benchmarks.repeat --runner plain --config recipes/fast99.yaml --seeds 0-19 -- --cuda-graph
 
 airbench and the like time many runs in one process, with compilation and kernel loading left
-to a first run that is not counted; each fresh `accel-mnist train` command pays both again
-(benchmarks.timeline shows where). `--runner accel` calls `accel_mnist.train()` with the
-recipe's TrainConfig (`--set KEY=VALUE` overrides a key) once per seed; `--runner plain` the
-plain PyTorch twin's `run()` (flags after `--` go to it). One run (seed 1000) is made first
-and left out. Prints one JSON line: per seed the training clock to the first evaluation at or
-above 99% (None where never reached), the final accuracy, and their mean, spread
-(standard deviation, min, max) and the share of seeds that reached the target.
+to a first run that is not counted; each fresh `accel-mnist train` command pays both again.
+`--runner accel` calls `accel_mnist.train()` with the recipe's TrainConfig (`--set KEY=VALUE`
+overrides a key) once per seed; `--runner plain` the plain PyTorch twin's `run()` (flags after
+`--` go to it). One run (seed 1000) is made first and left out. Prints one JSON line: per seed
+the training clock to the first evaluation at or above 99% (None where never reached), the
+final accuracy, and their mean, spread (standard deviation, min, max) and the share of seeds
+that reached the target.
 """
 
 from __future__ import annotations

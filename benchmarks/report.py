@@ -22,17 +22,15 @@ def _ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _median_phases(runs: list[dict[str, Any]]) -> str:
+    """A timeline row's (rows until 2026-12-05) median seconds: the start, the imports, each phase, the rest."""
     timelines = [r["parsed"] for r in _ok(runs) if r["parsed"].get("phases")]
     if not timelines:
         return "–"
-    keys = ["python_start", "import_cli"]
-    out = [f"{k} {statistics.median(t[k] for t in timelines if t.get(k) is not None):.2f}" for k in keys]
-    names = sorted({n for t in timelines for n in t["phases"]} - {"train"})
-    for n in names:
-        values = [t["phases"].get(n, {}).get("seconds", 0.0) for t in timelines]
-        out.append(f"{n} {statistics.median(values):.2f}")
-    out.append(f"other_in_train {statistics.median(t['other_in_train'] for t in timelines):.2f}")
-    return "median s: " + ", ".join(out)
+    values = {k: [t[k] for t in timelines if t.get(k) is not None] for k in ("python_start", "import_cli")}
+    for n in sorted({n for t in timelines for n in t["phases"]} - {"train"}):
+        values[n] = [t["phases"].get(n, {}).get("seconds", 0.0) for t in timelines]
+    values["other_in_train"] = [t["other_in_train"] for t in timelines]
+    return "median s: " + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in values.items())
 
 
 def _step_variants(variants: Any) -> list[str]:

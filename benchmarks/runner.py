@@ -1,6 +1,6 @@
 """Run one suite of benchmarks/suites.py and write its results folder.
 
-    python -m benchmarks cpu  [--out DIR] [--budget SECONDS] [--dry-run] [--group step ...] [--row NAME ...]
+    python -m benchmarks cpu  [--out DIR] [--budget SECONDS] [--dry-run] [--group startup ...] [--row NAME ...]
     python -m benchmarks h200 --recipe recipes/fast99.yaml --out DIR
     python -m benchmarks memory_cpu | memory_h200 | memory_h200x2 --out DIR
 
@@ -231,15 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", action="append", default=None, help="run only this group's rows (repeatable)")
     p.add_argument("--row", action="append", default=None, help="run only this row (repeatable)")
     args = p.parse_args(argv)
-    groups = {row["group"] for row in SUITES[args.suite]["rows"]}
-    if args.group and set(args.group) - groups:
-        print(f"error: --group {', '.join(sorted(set(args.group) - groups))}: not a group of {args.suite} "
-              f"({', '.join(sorted(groups))})", file=sys.stderr)  # fmt: skip
-        return 2
-    names = {row["name"] for row in SUITES[args.suite]["rows"]}
-    if args.row and set(args.row) - names:
-        print(f"error: --row {', '.join(sorted(set(args.row) - names))}: not a row of {args.suite}", file=sys.stderr)
-        return 2
+    for flag, key, asked in (("group", "group", args.group), ("row", "name", args.row)):
+        known = {row[key] for row in SUITES[args.suite]["rows"]}
+        if asked and set(asked) - known:
+            print(f"error: --{flag} {', '.join(sorted(set(asked) - known))}: not a {flag} of {args.suite} "
+                  f"({', '.join(sorted(known))})", file=sys.stderr)  # fmt: skip
+            return 2
     if args.recipe and not Path(args.recipe).is_file():
         print(f"error: --recipe {args.recipe}: no such file", file=sys.stderr)
         return 2

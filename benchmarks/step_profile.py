@@ -20,7 +20,23 @@ from typing import Any
 
 import torch
 
-from benchmarks.benchlib import kernel_profile
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaGraphLaunch", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+
+
+def kernel_profile(one_step: Any, steps: int) -> dict[str, float]:
+    """`steps` calls of `one_step` under torch.profiler: per step, the GPU's busy milliseconds
+    (kernels, copies and memsets summed), the kernels run and the host's launch calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            one_step()
+        torch.cuda.synchronize()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    launches = [e for e in events if e.name in LAUNCH_CALLS]
+    return {"gpu_ms_per_step": sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps,
+            "kernels_per_step": len(kernels) / steps, "launch_calls_per_step": len(launches) / steps}  # fmt: skip
 
 
 def variant(model_name: str, batch: int, steps: int, profile_steps: int, graph: bool, channels_last: bool,

@@ -36,56 +36,21 @@ Row = dict[str, Any]
 
 # The seed's setup through accel_mnist (ZeRO-2 fp16 on one GPU, linear b64, Adam 3e-4); rows add the epochs.
 # With --prewarm (from h200-2026-12-02k on): a throwaway engine's step loads DeepSpeed's kernels before
-# the clock, as the bare engine's 50 untimed steps do; without it the first step took 0.5-0.7 s.
-SEED_LAUNCH = ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1"]
-SEED_TRAIN = ["-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4",
+# the clock; without it the first step took 0.5-0.7 s.
+SEED_ZERO2 = ["{accelerate}", "launch", "--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "1",
+              "-m", "accel_mnist", "train", "--model", "linear", "--batch-size", "64", "--lr", "3e-4",
               "--data-dir", "{data}", "--output-dir", "{run}", "--overwrite", "--quiet", "--no-export",
               "--no-save-checkpoints", "--prewarm"]  # fmt: skip
-SEED_ZERO2 = [*SEED_LAUNCH, *SEED_TRAIN]
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
-# The seed's step in DeepSpeed's bare engine (benchmarks/zero_step_overhead.py): 900 steps after 50 untimed.
-BARE_ZERO2 = ["{python}", "-m", "benchmarks.zero_step_overhead", "--variants", "zero2", "--steps", "900",
-              "--repeats", "1"]  # fmt: skip
-
-
-def _step_row(name: str, what: str, model: str = "linear", threads: int = 2, steps: int = 300,
-              gather: str | None = None) -> Row:  # fmt: skip
-    """A row of the CPU step group: accel_mnist's step against the plain loop (benchmarks/cpu_overhead.py)."""
-    return {"name": name, "group": "step", "what": what,
-            "cmd": ["{python}", "-m", "benchmarks.cpu_overhead", "--models", model, "--threads", str(threads),
-                    "--repeats", "3", "--steps", f"{model}={steps}", *(["--plain-gather", gather] if gather else []),
-                    "--out", "{run}"],
-            "env": NO_GPU, "parse": "json_line", "repeat": 1}  # fmt: skip
-
 
 CPU: list[Row] = [
     {"name": "floor", "group": "startup", "what": "python -c 'import torch, accelerate; torch.optim.Adam(...)'",
      "cmd": ["{python}", "-c", FLOOR], "parse": "wall", "repeat": 5},
     {"name": "one_step", "group": "startup", "what": "accel-mnist train --model linear --max-steps 1 --no-export",
      "cmd": ["{accel_mnist}", *ONE_STEP], "parse": "wall", "repeat": 5},
-    {"name": "one_step_timeline", "group": "timeline", "what": "the same command in-process, phase by phase",
-     "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "parse": "json_line", "repeat": 3},
-    _step_row("step_overhead", "linear b64, 2 threads: accel_mnist step vs the plain loop"),
-    _step_row("step_overhead_loop_only", "the same, the plain loop gathering from a split normalised once, as the "
-              "DeviceLoader does (the loops alone)", gather="normalised"),
-    _step_row("step_overhead_1thread", "the same with 1 thread (less exposed to other load on a shared machine)",
-              threads=1),
-    _step_row("step_overhead_bncnn", "bncnn b64, 2 threads, the plain loop gathering from a split normalised once: "
-              "the loops alone on a model of 100k parameters", model="bncnn", steps=120, gather="normalised"),
-    {"name": "loader_overhead", "group": "step", "what": "per-batch cost: DeviceLoader vs an on-device dataset with "
-     "__getitems__ in an Accelerate-prepared DataLoader (batch 64)",
-     "cmd": ["{python}", "-m", "benchmarks.loader_overhead", "--threads", "2"],
-     "env": NO_GPU, "parse": "json_line", "repeat": 1},
-    {"name": "seed_zero2_step", "group": "zero_step", "what": "the seed's setup through accel_mnist on CPU "
-     "(zero2.yaml, 1 process, fp32: fp16 does not run on CPU), one epoch: ms/step past the first",
-     "cmd": [*SEED_LAUNCH, "--mixed_precision", "no", *SEED_TRAIN, "--epochs", "1"],
-     "env": NO_GPU, "parse": "results", "repeat": 5},
-    {"name": "zero_step_bare", "group": "zero_step", "what": "the same step in DeepSpeed's bare engine "
-     "(deepspeed.initialize, no Accelerate): 900 steps after 50 untimed",
-     "cmd": BARE_ZERO2, "env": NO_GPU, "parse": "json_line", "repeat": 5},
 ]  # fmt: skip
 
-# One call of at most 10 minutes on one H200: the rows' budgets add up to 565 s, the most
+# One call of at most 10 minutes on one H200: the rows' budgets add up to 430 s, the most
 # important first (the runner skips what no longer fits --budget).
 SINGLE_GPU = ["{accelerate}", "launch", "--config_file", "accelerate_configs/single_gpu.yaml"]
 BF16 = {"ACCELERATE_MIXED_PRECISION": "bf16"}
@@ -107,12 +72,6 @@ H200: list[Row] = [
     {"name": "one_step", "group": "startup", "what": "python -m accel_mnist train --model linear --max-steps 1 "
      "--no-export (bf16)", "cmd": ["{python}", "-m", "accel_mnist", *ONE_STEP], "env": BF16, "parse": "wall",
      "repeat": 3, "budget": 40},
-    {"name": "one_step_timeline", "group": "timeline", "what": "python -m accel_mnist's 1-step command, phase by "
-     "phase", "cmd": ["{python}", "-m", "benchmarks.timeline", *ONE_STEP], "env": BF16, "parse": "json_line",
-     "repeat": 1, "budget": 20},
-    {"name": "recipe_timeline", "group": "timeline", "what": "the recipe's command (seed 0), phase by phase",
-     "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *RECIPE_RUN], "parse": "json_line",
-     "seeds": [0], "budget": 25},
     {"name": "recipe_multi_gpu", "group": "time_to_99", "what": "the recipe through multi_gpu.yaml --num_processes 1 "
      "(DDP, bf16)", "needs": "recipe",
      "cmd": ["{accelerate}", "launch", "--config_file", "accelerate_configs/multi_gpu.yaml", "--num_processes", "1",
@@ -131,16 +90,6 @@ H200: list[Row] = [
      "linear", "--batch-size", "64", "--lr", "3e-4", "--epochs", "5", "--data", "dataloader", "--precision", "fp16",
      "--data-dir", "{data}", "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
      "parse": "curve", "target": 0.99, "repeat": 1, "budget": 45},
-    {"name": "zero_step", "group": "seed_setup", "what": "the seed's step in DeepSpeed's bare engine (no "
-     "Accelerate, deepspeed.initialize), ms/step: plain AMP, ZeRO-2 fp16/bf16, ZeRO-2 with DeepCompile",
-     "cmd": ["{python}", "-m", "benchmarks.zero_step_overhead", "--variants",
-             "plain_amp,zero2,zero2_bf16", "--steps", "900", "--repeats", "1", "--out", "{run}"],
-     "parse": "json_line", "repeat": 1, "budget": 45},
-    {"name": "seed_script", "group": "seed_setup", "what": "the seed script (DeepSpeed ZeRO-2, fp16, torchvision "
-     "per-sample DataLoader), 1 GPU, 2 epochs",
-     "cmd": ["{python}", "-m", "benchmarks.baselines.seed_fixed", "--epochs", "2",
-             "--data-dir", "{data}", "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
-     "parse": "curve", "target": 0.99, "repeat": 1, "budget": 50},
     {"name": "one_step_launch", "group": "startup", "what": "python -m accel_mnist's 1-step command through "
      "accelerate launch --config_file accelerate_configs/single_gpu.yaml",
      "cmd": [*SINGLE_GPU, "-m", "accel_mnist", *ONE_STEP], "parse": "wall", "repeat": 1, "budget": 30},
@@ -150,8 +99,7 @@ H200: list[Row] = [
 # (benchmarks/results/h200-2026-12-02 names the calls): the seeds of recipes/fast99_graph.yaml in
 # one process (as speed records time them; benchmarks/repeat.py), accel_mnist and its plain twin,
 # captured and eager, fp32 and bf16; the step's makeup (benchmarks/step_profile.py); fresh
-# commands of both in bf16 (the recipe's measured precision), recipe variants, the commands'
-# timelines, and torch.compile's modes. {recipe} is the eager fast99.yaml.
+# commands of both in bf16 (the recipe's measured precision), also with cuDNN's autotuning.
 GRAPH_RECIPE = "recipes/fast99_graph.yaml"
 REPEAT = ["{python}", "-m", "benchmarks.repeat", "--data-dir", "{data}"]
 GRAPH_RUN = [*RECIPE_RUN[:2], GRAPH_RECIPE, *RECIPE_RUN[3:]]
@@ -201,45 +149,10 @@ H200_SPEED: list[Row] = [
      "with --cudnn-benchmark", "needs": "recipe",
      "cmd": [*PLAIN_GRAPH_BF16, "--cudnn-benchmark", "--metrics-out", "{run}/metrics.jsonl", "--out", "{run}"],
      "parse": "curve", "target": 0.99, "seeds": list(range(8)), "budget": 100},
-    {"name": "repeat", "group": "variants", "what": "accel_mnist, fast99.yaml (eager, beta1 cycled), 10 seeds in "
-     "one process", "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-9"],
-     "parse": "json_line", "repeat": 1, "budget": 25},
-    *[{"name": f"repeat_graph_{name}", "group": "variants", "what": f"accel_mnist, fast99_graph.yaml with "
-       f"{' '.join(sets)}, 20 seeds in one process", "needs": "recipe",
-       "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", *[a for k in sets for a in ("--set", k)]],
-       "parse": "json_line", "repeat": 1, "budget": 35}
-      for name, sets in (("eval5", ["eval_every=5"]), ("150", ["max_steps=150", "eval_every=5"]),
-                         ("125", ["max_steps=125", "eval_every=5"]),
-                         ("125_lr15", ["max_steps=125", "eval_every=5", "lr=0.015"]))],
     {"name": "repeat_graph_cudnn_benchmark", "group": "variants2", "what": "accel_mnist, fast99_graph.yaml in "
      "bf16 with cudnn_benchmark=true, 20 seeds in one process (cuDNN's autotuning in the uncounted first run)",
      "needs": "recipe", "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true"],
      "env": BF16, "parse": "json_line", "repeat": 1, "budget": 50},
-    {"name": "recipe_graph_timeline", "group": "timeline", "what": "fast99_graph.yaml's command in bf16 (seeds 0 "
-     "and 1), phase by phase", "needs": "recipe", "cmd": ["{python}", "-m", "benchmarks.timeline", *GRAPH_RUN],
-     "env": BF16, "parse": "json_line", "seeds": [0, 1], "budget": 30},
-    {"name": "recipe_graph_plain_timeline", "group": "timeline", "what": "the plain twin's command on "
-     "fast99_graph.yaml in bf16 (seeds 0 and 1), phase by phase", "needs": "recipe",
-     "cmd": [*PLAIN_GRAPH_BF16, "--timeline"],
-     "parse": "json_line", "seeds": [0, 1], "budget": 30},
-    {"name": "seed_zero2_epoch1", "group": "seed_epoch1", "what": "the seed's setup (h200's seed_zero2), one "
-     "epoch evaluated every 100 steps (off the clock): where in the epoch the first epoch's extra seconds go",
-     "cmd": [*SEED_ZERO2, "--epochs", "1", "--eval-every", "100"], "parse": "curve", "target": 0.99, "repeat": 1,
-     "budget": 60},
-    # The seed's step against the bare engine, run against run: calls differ by 20-30%.
-    {"name": "seed_zero2_pair", "group": "seed_pairs", "what": "the seed's setup (h200's seed_zero2), 2 epochs, "
-     "five runs interleaved with the bare engine's", "cmd": [*SEED_ZERO2, "--epochs", "2"], "parse": "curve",
-     "target": 0.99, "repeat": 5, "budget": 230},
-    {"name": "zero_step_pair", "group": "seed_pairs", "what": "the seed's step in DeepSpeed's bare engine, "
-     "ZeRO-2 fp16, 900 steps after 50 untimed",
-     "cmd": BARE_ZERO2, "parse": "json_line", "repeat": 5, "budget": 125},
-    *[{"name": f"repeat_compile_{mode}", "group": "compile", "what": f"accel_mnist, fast99.yaml (eager) under "
-       f"torch.compile (inductor, mode {mode}), 3 seeds in one process: compilation in the uncounted first run",
-       "needs": "recipe", "cmd": [*REPEAT, "--config", "{recipe}", "--seeds", "0-2"],
-       "env": {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_MODE": mode}, "parse": "json_line",
-       "repeat": 1, "budget": budget}
-      # Budgets from h200-2026-12-02d: default took 62 s; max-autotune was still compiling at 70 s.
-      for mode, budget in (("default", 90), ("max-autotune-no-cudagraphs", 240), ("reduce-overhead", 120))],
 ]  # fmt: skip
 
 # The memory suites (benchmarks/memory_suite.py reads them): one `accel-mnist train` launch per
@@ -338,40 +251,15 @@ SCALING_CPU = _scaling_rows("multi_cpu", (1, 2), "no",
                             budget=240, on_gpus=False)  # fmt: skip
 
 SUITES: dict[str, dict[str, Any]] = {
-    "cpu": {
-        "rows": CPU,
-        "ratios": [
-            ("one_step", "floor", "median"),
-            ("one_step", "floor", "min"),
-            ("seed_zero2_step", "zero_step_bare", "pairs", "steady_ms", "ms_per_step.zero2"),
-        ],
-        "plot": None,
-    },
+    "cpu": {"rows": CPU, "ratios": [("one_step", "floor", "median"), ("one_step", "floor", "min")], "plot": None},
     "h200": {
         "rows": H200,
         "needs": "cuda",
-        "ratios": [
-            ("one_step", "floor", "median"),
-            ("one_step_launch", "floor", "median"),
-            ("seed_zero2", "zero_step", "pairs", "steady_ms", "ms_per_step.zero2"),
-        ],
+        "ratios": [("one_step", "floor", "median"), ("one_step_launch", "floor", "median")],
         # test accuracy against training seconds, one curve per run
-        "plot": [
-            "recipe",
-            "recipe_plain",
-            "recipe_multi_gpu",
-            "recipe_zero2",
-            "seed_zero2",
-            "seed_plain_fp16",
-            "seed_script",
-        ],
+        "plot": ["recipe", "recipe_plain", "recipe_multi_gpu", "recipe_zero2", "seed_zero2", "seed_plain_fp16"],
     },
-    "h200_speed": {
-        "rows": H200_SPEED,
-        "needs": "cuda",
-        "ratios": [("seed_zero2_pair", "zero_step_pair", "pairs", "steady_ms", "ms_per_step.zero2")],
-        "plot": ["recipe_graph", "recipe_graph_plain"],
-    },
+    "h200_speed": {"rows": H200_SPEED, "needs": "cuda", "plot": ["recipe_graph", "recipe_graph_plain"]},
     "scaling_h200": {"rows": SCALING_H200, "needs": "cuda", "ratios": _scaling_ratios(SCALING_H200), "plot": None},
     "scaling_cpu": {"rows": SCALING_CPU, "ratios": _scaling_ratios(SCALING_CPU), "plot": None},
     "memory_cpu": {"rows": MEMORY_CPU, "plot": None},

@@ -1,18 +1,13 @@
 r"""Plain PyTorch MNIST training (no Accelerate, no DeepSpeed): the reference for overhead.
 
     python -m benchmarks.baselines.plain_pytorch --model cnn --batch-size 512 --epochs 1 --data device
-    python -m benchmarks.baselines.plain_pytorch --model linear --batch-size 64 --data dataloader \
-        --cpu --threads 2 --max-steps 200
+    python -m benchmarks.baselines.plain_pytorch --config recipes/fast99_graph.yaml --precision bf16
 
 Two data paths:
   --data dataloader  torch DataLoader over accel_mnist's ImageTensorDataset (per-sample
                      __getitem__ + collate), batches copied to the device each step;
   --data device      the whole split on the device as uint8; each step gathers a batch of
-                     rows from a per-epoch torch.randperm and normalises it there
-                     (`--gather index`: images[idx], as one writes it inline;
-                     `--gather index_select`: the cheaper call accel_mnist's DeviceLoader makes;
-                     `--gather normalised`: index_select from a split normalised once, as the
-                     DeviceLoader does where a float32 copy fits).
+                     rows (images[idx]) from a per-epoch torch.randperm and normalises it there.
 Same models (accel_mnist.models), same normalisation, Adam by default, optional autocast
 (--precision fp16 with a GradScaler, or bf16). Reports samples/s, ms/step (timed steps
 exclude --warmup-steps), train seconds and test accuracy; writes benchmarks/results/.
@@ -27,16 +22,12 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-_IMPORT_START = time.perf_counter()
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split  # noqa: E402
-from accel_mnist.models import build_model, num_parameters  # noqa: E402
-from benchmarks import benchlib  # noqa: E402
-from benchmarks.timeline import add_phase, process_age  # noqa: E402
-
-_IMPORTS_DONE = time.perf_counter()
+from accel_mnist.data.catalog import DATASETS, ImageTensorDataset, load_split
+from accel_mnist.models import build_model, num_parameters
+from benchmarks import benchlib
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,8 +38,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--data", choices=["dataloader", "device"], default="device")
-    p.add_argument("--gather", choices=["index", "index_select", "normalised"], default="index",
-                   help="--data device: images[idx] (advanced indexing) or images.index_select(0, idx)")  # fmt: skip
     p.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=False,
                    help="torch.backends.cudnn.benchmark = True")  # fmt: skip
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
@@ -59,8 +48,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="capture forward, backward and Adam's step once as a CUDA graph (torch.cuda.graphs' "
                    "whole-network recipe) and replay it for every full batch")  # fmt: skip
     p.add_argument("--precision", choices=["no", "fp16", "bf16"], default="no", help="autocast dtype")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of ms/step")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
@@ -69,31 +56,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scheduler", choices=["none", "onecycle"], default="none", help="torch OneCycleLR over the run")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (clock paused)")
     p.add_argument("--stop-at-accuracy", type=float, default=None, help="stop at the first evaluation >= this")
-    p.add_argument(
-        "--metrics-out",
-        default=None,
-        help="JSON lines of step, train_seconds, test_accuracy per evaluation (accel_mnist's metrics.jsonl keys)",
-    )
-    p.add_argument(
-        "--timeline",
-        action="store_true",
-        help="print, as the last line, one JSON line of this command's phases (benchmarks.timeline's keys)",
-    )
+    p.add_argument("--metrics-out", default=None, help="JSON lines of step, train_seconds, test_accuracy per "
+                   "evaluation (accel_mnist's metrics.jsonl keys)")  # fmt: skip
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=False,
                    help="one untimed forward/backward on a copy of the model before the clock starts")  # fmt: skip
-    p.add_argument(
-        "--config",
-        default=None,
-        help="an accel_mnist recipe (YAML): its model, batch_size, lr, epochs, max_steps, scheduler, "
-        "eval_every, stop_at_accuracy, seed and prewarm become the defaults; other keys are listed as ignored",
-    )
+    p.add_argument("--config", default=None, help="an accel_mnist recipe (YAML): the keys of RECIPE_KEYS become "
+                   "the defaults; other keys are listed as ignored")  # fmt: skip
     args = p.parse_args(argv)
-    args.recipe_ignored = []
+    ignored: list[str] = []
     if args.config:
-        defaults, args.recipe_ignored = recipe_defaults(args.config)
+        defaults, ignored = recipe_defaults(args.config)
         p.set_defaults(**defaults)
         args = p.parse_args(argv)  # flags given on the command line still win
-        args.recipe_ignored = recipe_defaults(args.config)[1]
+    args.recipe_ignored = ignored
     return args
 
 
@@ -121,11 +96,9 @@ def sync(device: torch.device) -> None:
 class DeviceBatches:
     """The whole split on the device; batches by a fresh randperm each epoch (plain, inline)."""
 
-    def __init__(self, images, labels, mean, std, batch_size, device, shuffle, seed, gather="index"):
-        self.images, self.labels, self.gather = images.to(device), labels.to(device), gather
+    def __init__(self, images, labels, mean, std, batch_size, device, shuffle, seed):
+        self.images, self.labels = images.to(device), labels.to(device)
         self.mean, self.std, self.batch_size, self.device = mean, std, batch_size, device
-        if gather == "normalised":
-            self.images = self.normalise(self.images)
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
 
     def __len__(self):
@@ -139,12 +112,7 @@ class DeviceBatches:
             order = torch.arange(n)
         self.epoch += 1
         for idx in order.to(self.device).split(self.batch_size):
-            if self.gather == "normalised":
-                yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
-            elif self.gather == "index_select":
-                yield self.normalise(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
-            else:
-                yield self.normalise(self.images[idx]), self.labels[idx]
+            yield self.normalise(self.images[idx]), self.labels[idx]
 
     def normalise(self, images):
         return images.to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std).unsqueeze(1)
@@ -156,16 +124,14 @@ def build_loaders(args, device):
     train = load_split("mnist", data_dir, train=True, download=False)
     test = load_split("mnist", data_dir, train=False, download=False)
     if args.data == "device":
-        return (DeviceBatches(*train, spec.mean, spec.std, args.batch_size, device, True, args.seed, args.gather),
+        return (DeviceBatches(*train, spec.mean, spec.std, args.batch_size, device, True, args.seed),
                 DeviceBatches(*test, spec.mean, spec.std, 1000, device, False, 0))  # fmt: skip
     pin = device.type == "cuda"
-    common = dict(pin_memory=pin)
-    train_dl = torch.utils.data.DataLoader(
-        ImageTensorDataset(*train, spec.mean, spec.std), batch_size=args.batch_size, shuffle=True,
-        generator=torch.Generator().manual_seed(args.seed), **common,
-    )  # fmt: skip
-    test_dl = torch.utils.data.DataLoader(ImageTensorDataset(*test, spec.mean, spec.std), batch_size=1000, **common)
-    return train_dl, test_dl
+    return (torch.utils.data.DataLoader(ImageTensorDataset(*train, spec.mean, spec.std), batch_size=args.batch_size,
+                                        shuffle=True, generator=torch.Generator().manual_seed(args.seed),
+                                        pin_memory=pin),
+            torch.utils.data.DataLoader(ImageTensorDataset(*test, spec.mean, spec.std), batch_size=1000,
+                                        pin_memory=pin))  # fmt: skip
 
 
 @torch.no_grad()
@@ -216,25 +182,12 @@ def capture(model, optimizer, static_x, static_y, autocast):
 
 
 def run(args) -> dict:
-    phases: dict[str, dict[str, float]] = {}
-    tick = time.perf_counter()
-
-    def phase(name: str) -> None:
-        """Close the phase running since the last call (benchmarks.timeline's record shape)."""
-        nonlocal tick
-        now = time.perf_counter()
-        add_phase(phases, name, now - tick)
-        tick = now
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.precision == "fp16" and device.type == "cpu":
         raise SystemExit("error: --precision fp16 needs a GPU (use no or bf16 on CPU)")
     train_loader, test_loader = build_loaders(args, device)
-    phase("data")
     model = build_model(args.model).to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -261,7 +214,6 @@ def run(args) -> dict:
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=args.lr, total_steps=max(total_steps, 1), cycle_momentum=args.cycle_momentum
         )
-    phase("prepare")
     curve: list[dict] = []
     paused = 0.0  # seconds of evaluation inside the run, left out of train_seconds
 
@@ -275,7 +227,6 @@ def run(args) -> dict:
                "train_seconds": tick - start - paused, "epoch_end": epoch_end}  # fmt: skip
         curve.append(row)
         paused += time.perf_counter() - tick
-        add_phase(phases, "evaluate", time.perf_counter() - tick)
         return args.stop_at_accuracy is not None and accuracy >= args.stop_at_accuracy
 
     model.train()
@@ -295,7 +246,6 @@ def run(args) -> dict:
             loss.backward()
         del spare
         sync(device)
-        phase("prewarm")
     capture_seconds = 0.0
     if graphed:
         tick = time.perf_counter()
@@ -304,7 +254,6 @@ def run(args) -> dict:
         graph, static_loss = capture(model, optimizer, static_x, static_y, autocast)
         sync(device)
         capture_seconds = time.perf_counter() - tick
-        phase("step_setup")
     step = 0
     samples_timed = 0
     sync(device)
@@ -342,8 +291,6 @@ def run(args) -> dict:
             total_steps = step
     sync(device)
     end = time.perf_counter()
-    phase("loop")  # the steps, evaluation included
-    phases["loop"]["seconds"] -= paused
     timed_steps = step - warmup
     elapsed = end - timed_start - paused
     if args.metrics_out:
@@ -364,8 +311,6 @@ def run(args) -> dict:
     }
     if not args.no_eval:
         result["test_accuracy"] = evaluate(model, test_loader, device, autocast)
-        phase("final_evaluate")
-    result["phases"] = phases
     return result
 
 
@@ -377,28 +322,12 @@ def main(argv=None) -> int:
         print(f"plain_pytorch: from {args.config}, ignored keys: {', '.join(args.recipe_ignored) or 'none'}")
     record = {"benchmark": "plain_pytorch", "config": config, **result}
     tag = f"{args.model}-{args.data}-b{args.batch_size}-{args.precision}-{result['device']}"
-    tick = time.perf_counter()
     benchlib.save_record("plain_pytorch", tag, record, args.out)
-    add_phase(result["phases"], "write_record", time.perf_counter() - tick)
     print(
         f"plain_pytorch {tag}: {result['samples_per_second']:.0f} samples/s, {result['ms_per_step']:.3f} ms/step, "
         f"train {result['train_seconds']:.2f} s, test_accuracy {result.get('test_accuracy', float('nan')):.4f}"
     )
-    if args.timeline:
-        print(json.dumps(timeline_of(result["phases"]), sort_keys=True))
     return 0
-
-
-def timeline_of(phases: dict[str, dict[str, float]]) -> dict:
-    """benchmarks.timeline's record for this command: its imports, then the phases of run()."""
-    age = process_age()
-    return {
-        "python_start": None if age is None else age - (time.perf_counter() - _IMPORT_START),
-        "import_cli": _IMPORTS_DONE - _IMPORT_START,
-        "phases": phases,
-        "other_in_train": 0.0,
-        "process_seconds": age,
-    }
 
 
 if __name__ == "__main__":

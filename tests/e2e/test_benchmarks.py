@@ -2,35 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-import pytest
-
 from benchmarks import runner
-from tests.helpers import REPO
-
-
-def test_zero_step_overhead_rejects_an_unknown_variant():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.zero_step_overhead", "--variants", "zero9"],
-                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
-    assert proc.returncode != 0 and "error: unknown variant(s) zero9" in proc.stderr
-
-
-@pytest.mark.slow
-def test_zero_step_overhead_records_each_variant_on_cpu(tmp_path, mnist_dir, monkeypatch):
-    monkeypatch.setenv("ACCEL_MNIST_DATA_DIR", str(mnist_dir))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    cmd = [sys.executable, "-m", "benchmarks.zero_step_overhead", "--steps", "5", "--repeats", "1",
-           "--variants", "plain_amp,zero2", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    records = {json.loads(p.read_text())["variant"]: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert set(records) == {"plain_amp", "zero2"}
-    for record in records.values():
-        assert record["precision"] == "fp32" and record["processes"] == 1 and record["ms_per_step"] > 0
-    assert "ms/step (1 process(es)): plain_amp" in proc.stdout
 
 
 def test_run_once_fills_runs_parses_and_cleans_up(tmp_path):
