@@ -6,6 +6,7 @@ strategy's room decides: distributed/deepspeed_optim.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,8 +27,9 @@ OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """The TrainConfig's torch optimizer over the model's parameters."""
-    cls = OPTIMIZER_CLASSES[config.optimizer]
-    extra = {"momentum": config.momentum} if cls is torch.optim.SGD else {}
+    # Called through Callable: mypy reads the type's constructor as the base Optimizer's.
+    cls: Callable[..., torch.optim.Optimizer] = OPTIMIZER_CLASSES[config.optimizer]
+    extra: dict[str, Any] = {"momentum": config.momentum} if cls is torch.optim.SGD else {}
     return cls(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, **extra)
 
 
