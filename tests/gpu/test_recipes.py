@@ -2,7 +2,8 @@
 (`accelerate launch --config_file accelerate_configs/S.yaml --num_processes 1 -m accel_mnist train
 --config recipes/R.yaml`, or `python -m accel_mnist train --config R --deepspeed_config J`), at the
 precision the strategy's own config names. Each launch trains (exit 0, results.json with a test
-accuracy well above chance) or refuses in one `error:` line with exit 2; a traceback fails.
+accuracy well above chance) or refuses in one `error:` line (exit 2; through `accelerate launch`
+the launcher's 1); a traceback from the package fails.
 MATRIX_OUT, where set, receives each launch's outcome as JSON (recipes_cuda.json)."""
 
 from __future__ import annotations
