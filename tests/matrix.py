@@ -168,15 +168,16 @@ def groups(device: str) -> list[tuple[Strategy, str, int]]:
     return out
 
 
-def launch_args(strategy: Strategy, device: str, precision: str, processes: int) -> list[str]:
-    """`accelerate launch` arguments for a cell group (the --deepspeed_config strategies: [])."""
+def launch_args(strategy: Strategy, device: str, precision: str | None, processes: int) -> list[str]:
+    """`accelerate launch` arguments for a cell group (the --deepspeed_config strategies: []);
+    `precision` None leaves the config's own."""
     if strategy.launch == ("python",):
         return []
     launch = list(strategy.launch)
     if strategy.dynamo:  # the one-process config of the device, compiled
         yaml = "cpu.yaml" if device == "cpu" else "single_gpu.yaml"
         launch = ["--config_file", f"accelerate_configs/{yaml}", "--dynamo_backend", DYNAMO_BACKEND[device]]
-    return [*launch, "--num_processes", str(processes), "--mixed_precision", precision]
+    return [*launch, "--num_processes", str(processes), *(["--mixed_precision", precision] if precision else [])]
 
 
 def launch_kind(strategy: Strategy, processes: int) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, console_script, run_command
-from tests.matrix import DYNAMO_BACKEND, groups
+from tests.helpers import REPO, console_script, error_lines, run_command
+from tests.matrix import groups, launch_args
 
 pytestmark = pytest.mark.gpu
 
@@ -44,10 +44,8 @@ def command(strategy, recipe: Path, out: Path) -> list[str]:
     train = ["-m", "accel_mnist", "train", "--config", str(recipe), "--output-dir", str(out), "--no-plots"]
     if strategy.launch == ("python",):
         return [sys.executable, *train, *strategy.train_args]
-    launch = list(strategy.launch)
-    if strategy.dynamo:
-        launch = ["--config_file", "accelerate_configs/single_gpu.yaml", "--dynamo_backend", DYNAMO_BACKEND["cuda"]]
-    return [console_script("accelerate"), "launch", *launch, "--num_processes", "1", "--main_process_port", "0", *train]
+    launch = launch_args(strategy, "cuda", None, 1)
+    return [console_script("accelerate"), "launch", *launch, "--main_process_port", "0", *train]
 
 
 def outcome(proc: subprocess.CompletedProcess, out: Path) -> dict:
@@ -57,7 +55,7 @@ def outcome(proc: subprocess.CompletedProcess, out: Path) -> dict:
         data = json.loads(results.read_text())
         return {"kind": "trains", "steps": data.get("steps"), "test_accuracy": data.get("test_accuracy"),
                 "changes": data.get("changes", [])}  # fmt: skip
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc)
     # Under `accelerate launch` the launcher exits 1 and prints a traceback of its own after the
     # worker's line (docs/reliability.md, exit codes): only a frame of the package's is the run's.
     ours = re.search(r'File ".*accel_mnist[/\\]', proc.stderr)
