@@ -15,6 +15,7 @@ prediction alone: nothing is tried until it stops running out of memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -100,6 +101,23 @@ def plan_peak(
     plugin = accelerator.state.deepspeed_plugin
     zero = plugin.deepspeed_config.get("zero_optimization", {}) if plugin is not None else None
     batch = config.batch_size or 1
+    fsdp = accelerator.state.fsdp_plugin if strategy.kind == "FSDP" else None
+    checkpointing = fsdp is not None and getattr(fsdp, "activation_checkpointing", False)
+    probe, why_not_probed = None, ""
+    if not checkpointing:  # the probe first: the trace below runs on the meta device and holds no memory
+        rule = strategy.copy_precision
+        dtype = SIXTEEN_BIT[rule.weights] if rule.weights else None
+        autocast = accelerator.autocast if rule.autocast else nullcontext
+        try:
+            probe = measure(model, device=device, dtype=dtype, input_shape=input_shape,
+                            batches=batches or probe_batches(config.batch_size or None),
+                            eval_batches=probe_batches(config.eval_batch_size),
+                            loss=lambda m, x, y: loss(m, x, y, dtype or torch.float32),
+                            autocast=autocast, examples=examples)  # fmt: skip
+        except torch.OutOfMemoryError:
+            why_not_probed = "the probe's copy of the model ran out of GPU memory"
+        except TRACE_ERRORS as exc:
+            why_not_probed = f"the probe failed ({_short(exc)})"
     base = strategy_inputs(model, optimizer=str(config.optimizer), data_bytes=data_bytes, zero=zero)
     trace, why_not_traced = None, ""
     try:
@@ -108,24 +126,12 @@ def plan_peak(
                            input_shape=input_shape, zero=zero)  # fmt: skip
     except TRACE_ERRORS as exc:
         why_not_traced = f"its forward pass does not run on the meta device ({_short(exc)})"
-    fsdp = accelerator.state.fsdp_plugin if strategy.kind == "FSDP" else None
-    if fsdp is not None and getattr(fsdp, "activation_checkpointing", False):
+    if checkpointing:
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
         return PeakPlan(trace=trace, unpredicted=why)
-    rule = strategy.copy_precision
-    dtype = SIXTEEN_BIT[rule.weights] if rule.weights else None
-    autocast = accelerator.autocast if rule.autocast else nullcontext
-    try:
-        probe = measure(model, device=device, dtype=dtype, input_shape=input_shape,
-                        batches=batches or probe_batches(config.batch_size or None),
-                        eval_batches=probe_batches(config.eval_batch_size),
-                        loss=lambda m, x, y: loss(m, x, y, dtype or torch.float32),
-                        autocast=autocast, examples=examples)  # fmt: skip
-    except torch.OutOfMemoryError:
-        return _fallback(trace, why_not_traced, "the probe's copy of the model ran out of GPU memory")
-    except TRACE_ERRORS as exc:
-        return _fallback(trace, why_not_traced, f"the probe failed ({_short(exc)})")
+    if probe is None:
+        return _fallback(trace, why_not_traced, why_not_probed)
     if probe.untrusted:
         return PeakPlan(trace=trace, probe=probe, unpredicted=f"cannot predict: {probe.untrusted}")
     # A forward the meta device cannot run needs real values, and may take another path on another batch.
@@ -159,6 +165,36 @@ def trace_gap_line(plan: PeakPlan, numels: list[int], setup: Setup) -> str | Non
     return (f"peak memory: the meta-device trace is {abs(gap):.0%} {side} the probe for this model "
             f"({format_bytes(traced_peak)} against {format_bytes(probed_peak)}: kernels' own memory it cannot see); "
             "the probe's prediction is used")  # fmt: skip
+
+
+def settle_auto_batch(
+    plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int,
+    probe_at: Callable[[int], PeakPlan], agreed: Callable[[Callable[[], int]], int],
+) -> tuple[PeakPlan, int, str]:  # fmt: skip
+    """`batch_size: auto` settled from the prediction: the largest batch the first probe's line allows, then
+    probed again up to that batch (`probe_at`) twice, so that the line is measured where it is used. `room`:
+    the bytes this process may use (probe.available); `samples`:
+    one process's share of the training set; `agreed(choose)`: every process's `choose()`, the smallest taken (a
+    UsageError on one is raised on all), so that all step alike. Returns (the plan, the batch, the line that
+    says which batch and why)."""
+    batch = agreed(lambda: auto_batch(plan, numels, setup, room, samples))
+    for _ in range(2):
+        again = probe_at(batch)
+        closer = agreed(lambda: _closer(again, numels, setup, room, samples))  # noqa: B023 (called at once)
+        if not closer:
+            break
+        plan, settled, batch = again, closer == batch, closer
+        if settled:
+            break
+    return plan, batch, auto_line(plan, numels, setup, room, batch, samples)
+
+
+def _closer(plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int) -> int:
+    """auto_batch on a later probe, 0 where it could not run (out of memory, not on a line): the last answer stands."""
+    try:
+        return auto_batch(plan, numels, setup, room, samples)
+    except UsageError:
+        return 0
 
 
 def auto_batch(plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int) -> int:

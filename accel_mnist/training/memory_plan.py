@@ -15,16 +15,13 @@ from ..distributed import consensus
 from ..distributed.accelerator import set_batch
 from ..distributed.option_rules import capture_refusal
 from ..distributed.strategy import Strategy
-from ..errors import UsageError
-from ..memory.model_states import Setup as MemorySetup
 from ..memory.plan import (
     CAPTURED,
     PeakPlan,
-    auto_batch,
-    auto_line,
     global_batch,
     plan_peak,
     planned_data_bytes,
+    settle_auto_batch,
     trace_gap_line,
 )
 from ..memory.probe import available, probe_batches
@@ -50,63 +47,40 @@ def plan_memory(
         config = config.replace(batch_size=int(saved["batch_size"]))
         accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
         auto = False
-    shape = tuple(run_data.train.input_shape)
-    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
+    refusal = CAPTURED if captured(strategy, config) else None  # no probe: its number would not hold
+    numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
     channels_last = config.channels_last
 
     def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return batch_loss(m, x, y, channels_last, dtype)
 
+    def agreed(choose: Callable[[], int]) -> int:
+        """Every process's choice, the smallest taken; a UsageError on one process is raised on all."""
+        return min(row[0] for row in consensus.gather_ints(accelerator, [consensus.agree(accelerator, choose)]))
+
     # Real images, as the loader normalises them: a forward that branches on its inputs' values takes their path.
     examples = torch.stack([run_data.train[i][0] for i in range(min(64, len(run_data.train)))])
-    if captured(strategy, config):  # no probe: its number would not hold (memory/plan.py, CAPTURED)
-        plan = PeakPlan().refused(CAPTURED)
-    else:
-        plan = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, examples=examples)
-    numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
+    shape = tuple(run_data.train.input_shape)
+    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
+
+    def probe_at(batch: int | None) -> PeakPlan:
+        if refusal is not None:
+            return PeakPlan().refused(refusal)
+        batches = probe_batches(batch, limit=batch) if batch else None
+        return plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, batches, examples)
+
+    plan = probe_at(None)
     if auto:
-
-        def probe_at(batch: int) -> PeakPlan:
-            return plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss,
-                             batches=probe_batches(batch, limit=batch), examples=examples)  # fmt: skip
-
-        config, plan = _auto_batch(accelerator, config, plan, numels, setup, len(run_data.train), probe_at)
+        room = available(accelerator.device) if plan.inputs is not None else 0  # no prediction: no GPU to ask
+        samples = len(run_data.train) // accelerator.num_processes
+        plan, batch, said = settle_auto_batch(plan, numels, setup, room, samples, probe_at, agreed)
+        accumulation, processes = accelerator.gradient_accumulation_steps, accelerator.num_processes
+        accelerator.print(f"{said}; global batch {global_batch(batch, accumulation, processes)}; "
+                          f"the learning rate stays {config.lr:g}")  # fmt: skip
+        config = config.replace(batch_size=batch)
+    for line in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
+        if line:
+            accelerator.print(line if line.startswith("peak memory") else f"peak memory: {line}")
     if was_auto:  # DeepSpeed's batch settings were left for this (distributed/accelerator.py)
         set_batch(accelerator, config.batch_size)
-    for said in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
-        if said:
-            accelerator.print(said if said.startswith("peak memory") else f"peak memory: {said}")
     return config, plan.at_batch(config.batch_size)
-
-
-def _auto_batch(
-    accelerator: Accelerator, config: TrainConfig, plan: PeakPlan, numels: list[int], setup: MemorySetup,
-    train_samples: int, probe_at: Callable[[int], PeakPlan],
-) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
-    """`batch_size: auto` settled from the prediction, said in one line: the largest batch the first probe's line
-    allows, then probed again up to that batch (`probe_at`) twice, so that the line is measured where it is used.
-    Every process takes the smallest choice of all, so that all step alike."""
-    samples = train_samples // accelerator.num_processes
-    room = available(accelerator.device) if plan.inputs is not None else 0  # no prediction: no GPU to ask
-
-    def agreed(choice: int) -> int:
-        return min(row[0] for row in consensus.gather_ints(accelerator, [choice]))
-
-    batch = agreed(consensus.agree(accelerator, lambda: auto_batch(plan, numels, setup, room, samples)))
-    for _ in range(2):
-        again = probe_at(batch)
-        try:
-            closer = auto_batch(again, numels, setup, room, samples)
-        except UsageError:  # this probe could not run (out of memory, not on a line): the last answer stands
-            closer = 0
-        closer = agreed(closer)
-        if not closer:
-            break
-        plan, settled, batch = again, closer == batch, closer
-        if settled:
-            break
-    accumulation, processes = accelerator.gradient_accumulation_steps, accelerator.num_processes
-    said = auto_line(plan, numels, setup, room, batch, samples)
-    accelerator.print(f"{said}; global batch {global_batch(batch, accumulation, processes)}; "
-                      f"the learning rate stays {config.lr:g}")  # fmt: skip
-    return config.replace(batch_size=batch), plan

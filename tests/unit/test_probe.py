@@ -11,7 +11,7 @@ from accel_mnist.memory.allocator import default_settings, expandable_segments, 
 from accel_mnist.memory.model_states import Setup
 from accel_mnist.memory.peak import FIT_SHARE, MIB, PeakInputs, predict_peak
 from accel_mnist.memory.peak_inputs import probed
-from accel_mnist.memory.plan import PeakPlan, auto_batch, auto_line, global_batch, trace_gap_line
+from accel_mnist.memory.plan import PeakPlan, auto_batch, auto_line, global_batch, settle_auto_batch, trace_gap_line
 from accel_mnist.memory.probe import Line, Probe, fit, probe_batches
 
 NUMELS = [1_000_000, 1000]
@@ -81,6 +81,37 @@ def test_auto_batch_refuses_in_one_line_where_nothing_can_be_chosen():
         auto_batch(PeakPlan(unpredicted="cannot predict: why"), NUMELS, SETUP, 1 << 30, 60_000)
     with pytest.raises(UsageError, match="not even a batch of 1 fits"):
         auto_batch(PeakPlan(inputs=probed(base(), probe(), 64, 1000)), NUMELS, SETUP, 16 * MIB, 60_000)
+
+
+def test_batch_size_auto_is_probed_again_at_its_choice_and_every_process_takes_the_smallest():
+    room = 2 << 30
+    first = PeakPlan(inputs=probed(base(), probe(), 64, 1000))
+    # Re-probed at the chosen batch the line is steeper (kernels that grow with the batch): the choice shrinks.
+    steeper = PeakPlan(inputs=probed(base(), probe(per_sample=300_000), 64, 1000))
+    asked: list[int] = []
+
+    def probe_at(batch):
+        asked.append(batch)
+        return steeper
+
+    plan, batch, line = settle_auto_batch(first, NUMELS, SETUP, room, 60_000, probe_at, lambda choose: choose())
+    wide = auto_batch(first, NUMELS, SETUP, room, 60_000)
+    assert batch == auto_batch(steeper, NUMELS, SETUP, room, 60_000) < wide
+    assert plan is steeper and asked == [wide, batch]  # the second probe at the new choice agrees: settled
+    assert line.startswith(f"batch size auto: {batch:,} per process")
+    # Another process chose less: every process takes the smallest choice.
+    _, smallest, _ = settle_auto_batch(first, NUMELS, SETUP, room, 60_000, probe_at, lambda choose: min(choose(), 100))
+    assert smallest == 100
+
+
+def test_batch_size_auto_keeps_its_answer_where_a_second_probe_cannot_predict():
+    room = 2 << 30
+    first = PeakPlan(inputs=probed(base(), probe(), 64, 1000))
+    failed = PeakPlan(unpredicted="cannot predict: the probe's copy of the model ran out of GPU memory")
+    plan, batch, _ = settle_auto_batch(first, NUMELS, SETUP, room, 60_000, lambda b: failed, lambda c: c())
+    assert plan is first and batch == auto_batch(first, NUMELS, SETUP, room, 60_000)
+    with pytest.raises(UsageError, match="needs a GPU"):  # the first choice's refusal is every process's
+        settle_auto_batch(PeakPlan(), NUMELS, SETUP, 0, 60_000, lambda b: failed, lambda c: c())
 
 
 def test_the_trace_is_named_where_it_strays_from_the_probe():
