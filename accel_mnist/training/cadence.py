@@ -23,10 +23,12 @@ class Cadence:
     stop_at_accuracy: float | None = None
 
     @classmethod
-    def of(cls, config: Any, total_steps: int) -> Cadence:
-        """The cadence a TrainConfig asks for, over `total_steps` optimizer steps."""
+    def of(cls, config: Any, steps_per_epoch: int) -> Cadence:
+        """The cadence a TrainConfig asks for: its epochs of `steps_per_epoch` optimizer steps, cut at
+        `max_steps` where set."""
+        total_steps = steps_per_epoch * config.epochs
         return cls(
-            total_steps=total_steps,
+            total_steps=min(total_steps, config.max_steps) if config.max_steps else total_steps,
             log_every=config.log_every,
             eval_every=config.eval_every,
             checkpoint_every=config.checkpoint_every,

@@ -21,15 +21,32 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 
 from ..config import TrainConfig
 from ..distributed.option_rules import SIXTEEN_BIT
-from ..distributed.strategy import AS_PREPARED_ELSEWHERE, CopyPrecision
+from ..distributed.strategy import AS_PREPARED_ELSEWHERE, CopyPrecision, Strategy
 from ..model_output import logits_of
+from .loaders import Loaders
+from .loss_tally import LossTally
 from .step import batch_loss, step_input
+
+
+def prewarm_run(
+    accelerator: Accelerator, strategy: Strategy, config: TrainConfig, model: nn.Module, data: Loaders,
+    train_samples: int, input_shape: Sequence[int],
+) -> float:  # fmt: skip
+    """Seconds of a run's prewarm (`prewarm` below) on a copy of its model: every batch shape's step at the
+    strategy's precision, and the loop's own tensor work (the loaders' batch assembly, the loss tally).
+    `train_samples`: the whole training set's; `input_shape`: one sample's."""
+    rehearsals = (data.rehearse, partial(LossTally.rehearse, accelerator.device))
+    per_process = train_samples // accelerator.num_processes
+    return prewarm(model, config, accelerator.device, per_process, rehearsals, input_shape, accelerator.autocast,
+                   strategy.copy_precision)  # fmt: skip
 
 
 def prewarm(

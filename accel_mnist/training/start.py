@@ -32,10 +32,9 @@ from ..run.directory import Plan, RunDir
 from .cadence import Cadence
 from .inputs import OwnData, RunData, load_run_data, model_for, record, run_facts
 from .loaders import Loaders
-from .loss_tally import LossTally
 from .memory_plan import plan_memory
 from .preemption import StopSignals
-from .prewarm import prewarm
+from .prewarm import prewarm_run
 from .records import versions
 from .run import TrainingRun
 from .state import Progress, RunDescription, check_compatible, rescale_loss_sums
@@ -55,8 +54,9 @@ def start_run(
     """Check everything on every rank, then open the output directory and prepare the objects.
     `plan`: what the output directory holds and `--resume-from` means there (RunDir.plan).
 
-    The stages below run in this order, each a function of its own: the plan, the data, the
-    model, the checks against the checkpoint, the output directory, the prewarm, prepare, resume.
+    The stages run in this order, each asking the component that owns it: the checkpoint's checks, the
+    data, the model, the memory plan, the loaders and the schedule, the checks against the checkpoint, the
+    output directory, the prewarm, prepare, the checkpoint's load.
     """
     strategy = Strategy.of(accelerator)
     resume = plan.resume
@@ -64,39 +64,48 @@ def start_run(
     progress, was = read_state(plan.state, resume) if plan.state is not None and resume else fresh
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
-    run_data = _load_data(config, run_dir, own)
+    with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
+        run_data = load_run_data(config, own)
     model_name, model = _build_model(accelerator, strategy, config, model, run_data)
     check_model(accelerator, model)
     config, peak = plan_memory(accelerator, config, strategy, model, run_data, was.config if resume else None)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     saved = Strategy.from_fields(was.strategy) if resume else None
-    total_steps = _total_steps(config, steps_per_epoch)
+    cadence = Cadence.of(config, steps_per_epoch)
+    total_steps = cadence.total_steps
     described = _describe(accelerator, config, progress, was, resume, strategy, total_steps, run_data)
     record(described, model_name, model, run_data)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
-    _open_output(accelerator, config, run_dir, plan, described)
+    run_dir.open(plan)
+    if config.report_to != "none":
+        accelerator.init_trackers(
+            "accel_mnist", config={k: "none" if v is None else v for k, v in described.config.items()}
+        )
     facts = _setup_facts(accelerator, config, described, model, strategy, data)
     if config.prewarm:
-        facts["prewarm_seconds"] = _prewarm_copy(accelerator, strategy, config, model, run_data, data, described)
+        facts["prewarm_seconds"] = prewarm_run(
+            accelerator, strategy, config, model, data, len(run_data.train), described.input_shape
+        )
     facts["probe_seconds"] = peak.probe_seconds
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
     peak = peak.with_data_bytes(data.device_bytes())
-    model, optimizer, scheduler = _prepare(
-        accelerator, strategy, config, model, described, steps_per_epoch, saved, facts
-    )
+    # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
+    engine_twin = copy.deepcopy(model) if config.prewarm and strategy.runs_engine else None
+    model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, strategy, saved)
+    if engine_twin is not None:
+        facts["prewarm_engine_seconds"] = prewarm_engine(
+            accelerator, engine_twin, config, (config.batch_size, *described.input_shape),
+            lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype),
+        )  # fmt: skip
+        facts["prewarm_seconds"] += facts["prewarm_engine_seconds"]
+        del engine_twin
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer, peak)
-    if resume:
-        _resume(accelerator, config, resume, rng_states, progress)
-    cadence = Cadence.of(config, total_steps)
+    if resume:  # the checkpoint, checked at the plan, into the prepared objects and the RNGs
+        ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
+        accelerator.print(f"resumed from {resume} at step {progress.step}")
     return TrainingRun(accelerator, strategy, config, stop, run_dir, progress, described, data, model, optimizer,
                        scheduler, cadence, steps_per_epoch, facts, memory)  # fmt: skip
-
-
-def _load_data(config: TrainConfig, run_dir: RunDir, own: OwnData) -> RunData:
-    """The run's data: `own`'s splits or the config's dataset, downloaded once per data directory."""
-    with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
-        return load_run_data(config, own)
 
 
 def _build_model(
@@ -111,14 +120,6 @@ def _build_model(
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
     return model_name, model
-
-
-def _total_steps(config: TrainConfig, steps_per_epoch: int) -> int:
-    """Optimizer steps in the whole run: its epochs, cut at `max_steps` where set."""
-    total_steps = steps_per_epoch * config.epochs
-    if config.max_steps:
-        total_steps = min(total_steps, config.max_steps)
-    return total_steps
 
 
 def _describe(
@@ -142,16 +143,6 @@ def _describe(
         )
         progress.loss_sums = rescale_loss_sums(progress, accelerator.num_processes)
     return RunDescription(total_steps=total_steps, strategy=strategy.fields(), config=config.to_dict())
-
-
-def _open_output(
-    accelerator: Accelerator, config: TrainConfig, run_dir: RunDir, plan: Plan, described: RunDescription
-) -> None:
-    """Write the output directory (the first write of the run) and start the trackers."""
-    run_dir.open(plan)
-    if config.report_to != "none":
-        hparams = {k: "none" if v is None else v for k, v in described.config.items()}
-        accelerator.init_trackers("accel_mnist", config=hparams)
 
 
 def _setup_facts(
@@ -180,56 +171,3 @@ def _setup_facts(
     if line := buffers_change(strategy, float_buffers(model)):
         tell_change(accelerator, facts["changes"], line)
     return facts
-
-
-def _prewarm_copy(
-    accelerator: Accelerator,
-    strategy: Strategy,
-    config: TrainConfig,
-    model: nn.Module,
-    run_data: RunData,
-    data: Loaders,
-    described: RunDescription,
-) -> float:
-    """Seconds of the prewarm: every batch shape's step, and the loop's own tensor work, on a copy."""
-    rehearsals = (data.rehearse, lambda: LossTally.rehearse(accelerator.device))
-    per_process = len(run_data.train) // accelerator.num_processes
-    shape = described.input_shape
-    return prewarm(model, config, accelerator.device, per_process, rehearsals, shape, accelerator.autocast,
-                   strategy.copy_precision)  # fmt: skip
-
-
-def _prepare(
-    accelerator: Accelerator,
-    strategy: Strategy,
-    config: TrainConfig,
-    model: nn.Module,
-    described: RunDescription,
-    steps_per_epoch: int,
-    saved: Strategy | None,
-    facts: dict[str, Any],
-) -> tuple[nn.Module, Any, Any]:
-    """(model, optimizer, scheduler) as the strategy runs them; under DeepSpeed with prewarm, a
-    throwaway engine steps first, and its seconds go into `facts`."""
-    # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
-    engine_twin = copy.deepcopy(model) if config.prewarm and strategy.runs_engine else None
-    model, optimizer, scheduler = prepare(
-        accelerator, config, model, described.total_steps, steps_per_epoch, strategy, saved
-    )
-    if engine_twin is not None:
-        batch_shape = (config.batch_size, *described.input_shape)
-        facts["prewarm_engine_seconds"] = prewarm_engine(
-            accelerator, engine_twin, config, batch_shape,
-            lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype),
-        )  # fmt: skip
-        facts["prewarm_seconds"] += facts["prewarm_engine_seconds"]
-        del engine_twin
-    return model, optimizer, scheduler
-
-
-def _resume(
-    accelerator: Accelerator, config: TrainConfig, resume: Path, rng_states: dict[str, Any], progress: Progress
-) -> None:
-    """Load the checkpoint, checked at the plan, into the prepared objects and the RNGs."""
-    ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
-    accelerator.print(f"resumed from {resume} at step {progress.step}")

@@ -68,6 +68,16 @@ def test_an_early_stop_is_checkpointed_like_the_end():
 
 def test_of_reads_a_train_config():
     config = SimpleNamespace(
-        log_every=2, eval_every=5, checkpoint_every=0, save_checkpoints=True, stop_at_accuracy=0.99
+        log_every=2,
+        eval_every=5,
+        checkpoint_every=0,
+        save_checkpoints=True,
+        stop_at_accuracy=0.99,
+        epochs=3,
+        max_steps=0,
     )
-    assert Cadence.of(config, 40) == Cadence(40, 2, 5, 0, True, 0.99)
+    assert Cadence.of(config, 40) == Cadence(120, 2, 5, 0, True, 0.99)  # 3 epochs of 40 steps
+    config.max_steps = 100  # cuts the run short
+    assert Cadence.of(config, 40).total_steps == 100
+    config.max_steps = 500  # a run no longer than its epochs
+    assert Cadence.of(config, 40).total_steps == 120
