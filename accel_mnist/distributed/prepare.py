@@ -12,7 +12,7 @@ from accelerate.logging import get_logger
 from ..config import TrainConfig
 from ..errors import UsageError
 from .deepspeed_optim import build_optimizer, build_scheduler
-from .step import ddp_side_stream, direct_steps
+from .step import allocate_optimizer_state, ddp_side_stream, direct_steps
 from .strategy import Strategy
 
 logger = get_logger(__name__)
@@ -44,45 +44,21 @@ def prepare(
         # an optimizer built before the wrap would step tensors that no longer train, and
         # Accelerate's optimizer state mapping fails (KeyError: Parameter containing ...).
         model = accelerator.prepare(model)
-        optimizer = build_optimizer(model, config, plugin)
-        scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
+    optimizer = build_optimizer(model, config, plugin)
+    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
+    if strategy.fsdp_version == 1:
         optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
         if saved is not None:
-            _allocate_optimizer_state(optimizer.optimizer)
+            allocate_optimizer_state(optimizer.optimizer)
         return model, optimizer, scheduler
     # Everywhere else together: FSDP2 and DeepSpeed need the optimizer to hand its
     # parameters over to the sharded ones, and Accelerate requires both in one call.
-    optimizer = build_optimizer(model, config, plugin)
-    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
     with ddp_side_stream(accelerator, config):  # DDP's hooks then keep off the default stream
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    optimizer = direct_steps(accelerator, optimizer)
     if accelerator.mixed_precision == "fp8":
         _report_fp8(accelerator, model)
-    return model, direct_steps(accelerator, optimizer), scheduler
-
-
-def _allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Give a fresh optimizer its per-parameter state slots, leaving the parameters unchanged.
-
-    Accelerate loads an FSDP1 SHARDED_STATE_DICT optimizer checkpoint into the slots that
-    `FSDP.optim_state_dict(model, optimizer)` has at that moment; a fresh Adam has none, so the
-    moments and step counts were silently dropped and the resumed run drifted (weights up to
-    9.6e-3 apart on an H200). torch's own get_optimizer_state_dict (the FSDP2 path) allocates
-    them the same way first: one step with zero gradients at lr 0. The checkpoint then
-    overwrites every slot; the cost is one optimizer step per resume.
-    """
-    if optimizer.state:
-        return
-    lrs = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = torch.zeros_like(group["lr"]) if isinstance(group["lr"], torch.Tensor) else 0.0
-        for p in group["params"]:
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-    optimizer.step()
-    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
+    return model, optimizer, scheduler
 
 
 _FP8_MODULES = ("torchao.", "transformer_engine.", "msamp.")

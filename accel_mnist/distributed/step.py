@@ -138,3 +138,27 @@ class MicroStep:
             loss.backward()
         else:
             self._accelerator.backward(loss)
+
+
+def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its per-parameter state slots, leaving the parameters unchanged.
+
+    Accelerate loads an FSDP1 SHARDED_STATE_DICT optimizer checkpoint into the slots that
+    `FSDP.optim_state_dict(model, optimizer)` has at that moment; a fresh Adam has none, so the
+    moments and step counts were silently dropped and the resumed run drifted (weights up to
+    9.6e-3 apart on an H200). torch's own get_optimizer_state_dict (the FSDP2 path) allocates
+    them the same way first: one step with zero gradients at lr 0. The checkpoint then
+    overwrites every slot; the cost is one optimizer step per resume.
+    """
+    if optimizer.state:
+        return
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = torch.zeros_like(group["lr"]) if isinstance(group["lr"], torch.Tensor) else 0.0
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)

@@ -69,7 +69,7 @@ def test_allocated_optimizer_state_changes_nothing_a_checkpoint_does_not_overwri
 
     import torch
 
-    from accel_mnist.distributed.prepare import _allocate_optimizer_state
+    from accel_mnist.distributed.step import allocate_optimizer_state
 
     def make(model):
         if name == "sgd":
@@ -90,7 +90,7 @@ def test_allocated_optimizer_state_changes_nothing_a_checkpoint_does_not_overwri
     fresh = copy.deepcopy(trained)
     fresh_opt = make(fresh)
     before = [p.detach().clone() for p in fresh.parameters()]
-    _allocate_optimizer_state(fresh_opt)
+    allocate_optimizer_state(fresh_opt)
     assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters(), strict=True))
     assert all(p.grad is None for p in fresh.parameters())
     assert [g["lr"] for g in fresh_opt.param_groups] == [g["lr"] for g in trained_opt.param_groups]
