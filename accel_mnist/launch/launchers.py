@@ -122,6 +122,26 @@ def deepspeed_json(config: TrainConfig, accelerate_kind: str | None) -> DeepSpee
     return found
 
 
+# What accelerate 1.15 refuses next to a deepspeed_config_file (DeepSpeedPlugin._deepspeed_config_checks).
+_FIELDS_ONLY_IN_JSON = (
+    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
+    "mixed_precision",
+)  # fmt: skip
+
+
+def check_json_fields(found: DeepSpeedJson) -> None:
+    """Refuse in one line the accelerate config fields Accelerate refuses next to the launch's DeepSpeed
+    JSON (it raises a ValueError, with a traceback); they belong in the JSON."""
+    given = [f for f in os.environ.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f in _FIELDS_ONLY_IN_JSON]
+    if given:
+        where = "deepspeed_config_file" if not found.own else f"a DeepSpeed JSON ({found.label})"
+        raise UsageError(
+            f"the accelerate config sets {', '.join(given)} next to {where}, which Accelerate "
+            "refuses; remove them from the YAML and put them in the JSON"
+        )
+
+
 def _read(found: DeepSpeedJson) -> DeepSpeedJson:
     if not found.path.is_file():
         raise UsageError(f"{found.label} does not exist (a relative path is read from {Path.cwd()})")

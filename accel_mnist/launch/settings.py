@@ -20,7 +20,7 @@ from typing import Any
 from ..config import TrainConfig, parse_bool
 from ..errors import ConfigError, UsageError
 from ..optim import schedule_refusal
-from .launchers import MPI_SIZE_VARS, DeepSpeedJson, deepspeed_json, env_flag
+from .launchers import MPI_SIZE_VARS, DeepSpeedJson, check_json_fields, deepspeed_json, env_flag
 from .optim_sections import check_deepspeed_optim
 
 _FP8_BACKENDS = ("torchao", "transformer_engine", "msamp")
@@ -58,7 +58,7 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
     _check_process_count(launcher)
     _check_fp8()
     if found is not None:
-        _check_deepspeed_fields(found)
+        check_json_fields(found)
     if ds_json is not None:
         # The same check runs again on Accelerate's copy (strategy._align_deepspeed); here it only
         # refuses early a JSON optimizer/scheduler that DeepSpeed would reject mid-setup.
@@ -170,25 +170,6 @@ def _check_fp8() -> None:
 
     if not torch.cuda.is_available():
         raise UsageError("mixed precision fp8 needs a GPU (compute capability 8.9+); on CPU use --mixed_precision no")
-
-
-# What accelerate 1.15 refuses next to a deepspeed_config_file (DeepSpeedPlugin._deepspeed_config_checks).
-_FIELDS_ONLY_IN_JSON = (
-    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
-    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
-    "mixed_precision",
-)  # fmt: skip
-
-
-def _check_deepspeed_fields(found: DeepSpeedJson) -> None:
-    """Accelerate raises a ValueError (with a traceback) for these; say it in one line instead."""
-    given = [f for f in os.environ.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f in _FIELDS_ONLY_IN_JSON]
-    if given:
-        where = "deepspeed_config_file" if not found.own else f"a DeepSpeed JSON ({found.label})"
-        raise UsageError(
-            f"the accelerate config sets {', '.join(given)} next to {where}, which Accelerate "
-            "refuses; remove them from the YAML and put them in the JSON"
-        )
 
 
 def _accelerate_kind(launcher: argparse.Namespace | None) -> str | None:
