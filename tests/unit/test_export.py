@@ -102,16 +102,62 @@ def test_save_exported_constants_for_hf_datasets(tmp_path):
     assert_one_line(e, "cifar")
 
 
-def test_save_exported_is_atomic(tmp_path, monkeypatch):
-    import safetensors.torch
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "over-an-export"])
+def test_save_exported_is_atomic(tmp_path, monkeypatch, existing):
+    """A crash while the files are written leaves no export, or the old one whole, and no temporary directory."""
+    from accel_mnist.export import model_dir
 
-    def crash(*args, **kwargs):
-        raise RuntimeError("disk on fire")
+    old = linear_weights()
+    if existing:
+        save_exported(old, tmp_path / "export", model_name="linear", dataset="mnist")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", crash)
-    with pytest.raises(RuntimeError):
+    def crash(path):
+        if path.name == CONFIG_FILE:  # the weights are written by then
+            raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(model_dir, "fsync_file", crash)
+    with pytest.raises(RuntimeError, match="disk on fire"):
         save_exported(linear_weights(), tmp_path / "export", model_name="linear", dataset="mnist")
-    assert list(tmp_path.iterdir()) == []  # neither the export nor a temporary directory
+    assert [p.name for p in tmp_path.iterdir()] == (["export"] if existing else [])
+    if existing:
+        assert_same_weights(load_model(tmp_path / "export").state_dict(), old)
+
+
+HF_CONFIG = {"model_type": "vit", "architectures": ["ViTForImageClassification"]}
+
+
+def test_a_transformers_export_is_a_hugging_face_folder_too(tmp_path):
+    out = save_exported(linear_weights(), tmp_path / "export", model_name="linear", dataset="mnist",
+                        transformers_config=HF_CONFIG)  # fmt: skip
+    assert sorted(os.listdir(out)) == ["config.json", WEIGHTS_FILE, CONFIG_FILE]
+    assert json.loads((out / "config.json").read_text()) == HF_CONFIG
+    assert json.loads((out / CONFIG_FILE).read_text())["transformers_config"] == "config.json"
+
+
+@pytest.mark.parametrize("hard_links", [True, False], ids=["hard-link", "copy"])
+def test_beside_a_training_config_the_hugging_face_folder_is_hf(tmp_path, monkeypatch, hard_links):
+    def no_link(*args):
+        raise OSError(1, "Operation not permitted")
+
+    if not hard_links:
+        monkeypatch.setattr(os, "link", no_link)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"max_steps": 20}')
+    for _ in range(2):  # the second replaces the first's hf/ whole
+        save_exported(linear_weights(), run, model_name="linear", dataset="mnist", transformers_config=HF_CONFIG)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert sorted(os.listdir(run)) == ["config.json", "hf", WEIGHTS_FILE, CONFIG_FILE]
+    assert json.loads((run / "config.json").read_text()) == {"max_steps": 20}  # the training config, kept
+    config = json.loads((run / CONFIG_FILE).read_text())
+    assert config["transformers_config"] == "hf/config.json"
+    hf = run / "hf"
+    assert sorted(os.listdir(hf)) == ["config.json", WEIGHTS_FILE, CONFIG_FILE]
+    assert json.loads((hf / "config.json").read_text()) == HF_CONFIG
+    assert json.loads((hf / CONFIG_FILE).read_text()) == {**config, "transformers_config": "config.json"}
+    assert os.path.samefile(hf / WEIGHTS_FILE, run / WEIGHTS_FILE) is hard_links
+    assert (hf / WEIGHTS_FILE).read_bytes() == (run / WEIGHTS_FILE).read_bytes()
+    assert_same_weights(load_model(hf, model=build_model("linear")).state_dict(), load_model(run).state_dict())
 
 
 def test_save_exported_into_a_used_directory_replaces_only_its_files(tmp_path):
