@@ -10,12 +10,13 @@ process: no Accelerate, no DeepSpeed, and no pickle.
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,10 +26,7 @@ from ..errors import UsageError, one_line
 from ..files import fsync_file, json_bytes, read_json_object, writing
 from ..run.checkpoint import STATE_FILE
 from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
-from .transformers_dir import HF_CONFIG_FILE, HF_CONFIG_PLACES, hf_place, write_hf_folder
-
-if TYPE_CHECKING:
-    from ..data.catalog import DatasetSpec
+from .transformers_dir import HF_CONFIG_PLACES, hf_files
 
 __all__ = ["export_from_checkpoint", "full_state_dict", "load_model", "read_export_config", "save_exported"]
 
@@ -69,32 +67,36 @@ def save_exported(
     after the other, model_config.json last; it names the weights' sha256, so that `load_model`
     refuses the set a crash in between would leave.
     """
-    from safetensors.torch import save_file
-
-    extra = dict(extra or {})
-    spec = _dataset_spec(dataset, extra)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
     out_dir = Path(out_dir)
     # Beside the target, so that the final rename stays on one file system; made with mkdir
     # rather than mkdtemp, whose mode 0700 the export would keep.
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+    try:  # all of it is worked out, in memory, before a byte is written
+        files = _export_files(state_dict, out_dir, model_name, dataset, dict(extra or {}), transformers_config)
         with writing("the export", out_dir):
-            tmp.mkdir(parents=True)
-            save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-            config = {
-                "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
-                "mean": spec.mean if spec else None, "std": spec.std if spec else None,
-                "format_version": FORMAT_VERSION, "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
-            }  # fmt: skip
-            sub = hf_place(out_dir) if transformers_config else ""
-            if transformers_config:
-                config["transformers_config"] = f"{sub}/{HF_CONFIG_FILE}" if sub else HF_CONFIG_FILE
-                write_hf_folder(tmp, sub, transformers_config, WEIGHTS_FILE, (CONFIG_FILE, config))
-            (tmp / CONFIG_FILE).write_bytes(json_bytes(config))
-            for name in (WEIGHTS_FILE, CONFIG_FILE):
+            for name, data in files.items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(data, bytes):
+                    (tmp / name).write_bytes(data)
+                else:  # the same file as `data`: a hard link, or where there are none a copy checked equal
+                    try:
+                        os.link(tmp / data, tmp / name)
+                    except OSError:
+                        shutil.copyfile(tmp / data, tmp / name)
+                        if not filecmp.cmp(tmp / data, tmp / name, shallow=False):
+                            raise OSError(
+                                f"the copy of {data} in {Path(name).parent}/ differs from the original"
+                            ) from None
                 fsync_file(tmp / name)
-            _move_into_place(tmp, out_dir, [sub or HF_CONFIG_FILE] if transformers_config else [])
+            if out_dir.is_dir() and any(out_dir.iterdir()):
+                # Other files may share the directory (a run's results, say): replace only ours,
+                # model_config.json last, since it is what vouches for the weights.
+                for entry in dict.fromkeys(name.split("/")[0] for name in files):
+                    if (tmp / entry).is_dir() and (out_dir / entry).exists():
+                        os.replace(out_dir / entry, tmp / f".old-{entry}")  # a folder cannot replace a folder
+                    os.replace(tmp / entry, out_dir / entry)
+            else:
+                os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
     except OSError as e:  # what the storage did not refuse: a path that is a file, say
         raise UsageError(f"cannot write the export to {out_dir}: {e.strerror or e}") from None
     finally:
@@ -102,32 +104,30 @@ def save_exported(
     return out_dir
 
 
-def _dataset_spec(dataset: str, extra: dict[str, Any]) -> DatasetSpec | None:
-    """The catalog's entry whose mean and std an export of `dataset` records; None where `extra`
-    brings the caller's own; a UsageError for a dataset without either."""
+def _export_files(state_dict: dict[str, torch.Tensor], out_dir: Path, model_name: str, dataset: str,
+                  extra: dict[str, Any], hf: dict[str, Any] | None) -> dict[str, bytes | str]:  # fmt: skip
+    """The files of the export to `out_dir` by their path in it, in the order they replace an
+    existing export's (model_config.json last): each its bytes, or the name of the file it is.
+    Mean and std are the dataset's (MNIST's for its copies, hf:NAME) unless `extra` has its own."""
+    from safetensors.torch import save
+
     from ..data.catalog import DATASETS
 
-    if dataset in DATASETS:
-        return DATASETS[dataset]
-    if dataset.startswith("hf:"):
-        return DATASETS["mnist"]  # Hugging Face copies of MNIST; extra may give other constants
-    if "mean" in extra and "std" in extra:
-        return None  # the caller's own data, with the constants it trained with
-    raise UsageError(f"cannot export: unknown dataset {dataset!r} (choose one of: {', '.join(DATASETS)}, hf:NAME)")
-
-
-def _move_into_place(tmp: Path, out_dir: Path, hf: list[str]) -> None:
-    """Move the export written in `tmp` to `out_dir` (with `hf`, its Hugging Face entry): a new
-    or empty directory by one rename, an existing one file by file."""
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        # Other files may share the directory (a run's results, say): replace only ours,
-        # model_config.json last, since it is what vouches for the weights.
-        for name in (WEIGHTS_FILE, *hf, CONFIG_FILE):
-            if (tmp / name).is_dir() and (out_dir / name).exists():
-                os.replace(out_dir / name, tmp / f".old-{name}")  # a folder cannot replace a folder
-            os.replace(tmp / name, out_dir / name)
-    else:
-        os.replace(tmp, out_dir)  # rename(2) may replace an empty directory
+    spec = DATASETS.get(dataset) or (DATASETS["mnist"] if dataset.startswith("hf:") else None)
+    if spec is None and not ("mean" in extra and "std" in extra):
+        raise UsageError(f"cannot export: unknown dataset {dataset!r} (choose one of: {', '.join(DATASETS)}, hf:NAME)")
+    weights = save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, metadata={"format": "pt"})
+    config = {
+        "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
+        "mean": spec.mean if spec else None, "std": spec.std if spec else None,
+        "format_version": FORMAT_VERSION, "weights_sha256": hashlib.sha256(weights).hexdigest(), **extra,
+    }  # fmt: skip
+    files: dict[str, bytes | str] = {WEIGHTS_FILE: weights}
+    if hf:
+        files.update(hf_files(out_dir, hf, WEIGHTS_FILE, (CONFIG_FILE, config)))
+        config["transformers_config"] = next(place for place in HF_CONFIG_PLACES if place in files)
+    files[CONFIG_FILE] = json_bytes(config)
+    return files
 
 
 def _sha256(path: Path) -> str:

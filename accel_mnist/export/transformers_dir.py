@@ -15,10 +15,7 @@ architecture named in config.json must be one transformers has; no code from the
 
 from __future__ import annotations
 
-import filecmp
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import UsageError, one_line
-from ..files import fsync_file, json_bytes, read_json_if_valid
+from ..files import json_bytes, read_json_if_valid
 
 HF_CONFIG_FILE = "config.json"
 HF_SUBDIR = "hf"
@@ -34,34 +31,23 @@ HF_SUBDIR = "hf"
 HF_CONFIG_PLACES = (HF_CONFIG_FILE, f"{HF_SUBDIR}/{HF_CONFIG_FILE}")
 
 
-def hf_place(out_dir: Path) -> str:
-    """Where in `out_dir` the Hugging Face folder goes: "" (the directory itself), or "hf" where
-    a config.json of another kind (a run's training config) is there already."""
+def hf_files(
+    out_dir: Path, hf: dict[str, Any], weights: str, export: tuple[str, dict[str, Any]]
+) -> dict[str, bytes | str]:
+    """The files that make the export to `out_dir` a Hugging Face folder too, by their path in it:
+    config.json (the contents `hf`) beside the export's own files, or, where `out_dir` has a
+    config.json of another kind (a run's training config), a whole export again in `hf/`:
+    config.json, the export's config (`export`: its name and contents) and its weights, given as
+    `weights`, the name of the export's file that it is the same file as."""
     existing = read_json_if_valid(out_dir / HF_CONFIG_FILE)
     if not (out_dir / HF_CONFIG_FILE).exists() or (isinstance(existing, dict) and "model_type" in existing):
-        return ""
-    return HF_SUBDIR
-
-
-def write_hf_folder(tmp: Path, sub: str, hf: dict[str, Any], weights: str, export: tuple[str, dict[str, Any]]) -> None:
-    """Into the export being written in `tmp`: config.json, in `tmp` or, with `sub`, in `tmp/sub`
-    with the same weights file and the export's config (`export`: its name and contents)."""
-    folder = tmp / sub if sub else tmp
-    folder.mkdir(exist_ok=True)
-    (folder / HF_CONFIG_FILE).write_bytes(json_bytes(hf))
-    written = [folder / HF_CONFIG_FILE]
-    if sub:
-        try:
-            os.link(tmp / weights, folder / weights)
-        except OSError:  # no hard links here: a copy, which must then be equal
-            shutil.copyfile(tmp / weights, folder / weights)
-            if not filecmp.cmp(tmp / weights, folder / weights, shallow=False):
-                raise OSError(f"the copy of {weights} in {sub}/ differs from the original") from None
-        name, config = export
-        (folder / name).write_bytes(json_bytes({**config, "transformers_config": HF_CONFIG_FILE}))
-        written += [folder / weights, folder / name]
-    for file in written:
-        fsync_file(file)
+        return {HF_CONFIG_FILE: json_bytes(hf)}
+    name, config = export
+    return {
+        f"{HF_SUBDIR}/{HF_CONFIG_FILE}": json_bytes(hf),
+        f"{HF_SUBDIR}/{name}": json_bytes({**config, "transformers_config": HF_CONFIG_FILE}),
+        f"{HF_SUBDIR}/{weights}": weights,
+    }
 
 
 def _transformers_class(module: nn.Module) -> type | None:
