@@ -71,14 +71,14 @@ def save_exported(
     # Beside the target, so that the final rename stays on one file system; made with mkdir
     # rather than mkdtemp, whose mode 0700 the export would keep.
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:  # all of it is worked out, in memory, before a byte is written
-        files = _export_files(state_dict, out_dir, model_name, dataset, dict(extra or {}), transformers_config)
+    try:
         with writing("the export", out_dir):
+            files = _export_files(state_dict, tmp, out_dir, model_name, dataset, dict(extra or {}), transformers_config)
             for name, data in files.items():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 if isinstance(data, bytes):
                     (tmp / name).write_bytes(data)
-                else:  # the same file as `data`: a hard link, or where there are none a copy checked equal
+                elif data != name:  # the same file as `data`: a hard link, or where there are none a copy checked equal
                     try:
                         os.link(tmp / data, tmp / name)
                     except OSError:
@@ -104,25 +104,29 @@ def save_exported(
     return out_dir
 
 
-def _export_files(state_dict: dict[str, torch.Tensor], out_dir: Path, model_name: str, dataset: str,
+def _export_files(state_dict: dict[str, torch.Tensor], tmp: Path, out_dir: Path, model_name: str, dataset: str,
                   extra: dict[str, Any], hf: dict[str, Any] | None) -> dict[str, bytes | str]:  # fmt: skip
-    """The files of the export to `out_dir` by their path in it, in the order they replace an
-    existing export's (model_config.json last): each its bytes, or the name of the file it is.
-    Mean and std are the dataset's (MNIST's for its copies, hf:NAME) unless `extra` has its own."""
-    from safetensors.torch import save
+    """The weights written into `tmp` (the export's folder being built), then every other file of the export to
+    `out_dir` by its path in it, in the order they replace an existing export's (model_config.json last): each
+    its bytes, or the name of the file it is the same file as. Mean and std are the dataset's (MNIST's for its
+    copies, hf:NAME) unless `extra` has its own; an unknown dataset is refused before anything is written."""
+    from safetensors.torch import save_file
 
     from ..data.catalog import DATASETS
 
     spec = DATASETS.get(dataset) or (DATASETS["mnist"] if dataset.startswith("hf:") else None)
     if spec is None and not ("mean" in extra and "std" in extra):
         raise UsageError(f"cannot export: unknown dataset {dataset!r} (choose one of: {', '.join(DATASETS)}, hf:NAME)")
-    weights = save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, metadata={"format": "pt"})
+    tmp.mkdir(parents=True)
+    # Streamed from the tensors (safetensors' save would hold a serialised copy of every weight in memory).
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
     config = {
         "model": model_name, "dataset": dataset, "num_classes": 10, "input_shape": [1, 28, 28],
         "mean": spec.mean if spec else None, "std": spec.std if spec else None,
-        "format_version": FORMAT_VERSION, "weights_sha256": hashlib.sha256(weights).hexdigest(), **extra,
+        "format_version": FORMAT_VERSION, "weights_sha256": _sha256(tmp / WEIGHTS_FILE), **extra,
     }  # fmt: skip
-    files: dict[str, bytes | str] = {WEIGHTS_FILE: weights}
+    files: dict[str, bytes | str] = {WEIGHTS_FILE: WEIGHTS_FILE}  # written above
     if hf:
         files.update(hf_files(out_dir, hf, WEIGHTS_FILE, (CONFIG_FILE, config)))
         config["transformers_config"] = next(place for place in HF_CONFIG_PLACES if place in files)
