@@ -1,15 +1,18 @@
-"""The in-memory dataset every data source produces, the label check and pixel statistics they
-share, and the one normalisation of pixels that training, the device loader and predict all apply."""
+"""The in-memory dataset the loop trains on, the one place that builds a (train, test) pair of
+datasets from what a source read (classes, label check, normalisation), and the one
+normalisation of pixels that training, the device loader and predict all apply."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import DataError
+from ..errors import DataError, UsageError
 
 
 def check_label_range(labels: np.ndarray, n_classes: int, where: str, suffix: str = "") -> None:
@@ -136,3 +139,67 @@ class ImageTensorDataset(Dataset):
         # clone(): an indexed element is a view of the whole labels tensor, and pickling it to a
         # DataLoader worker's consumer would ship the entire storage.
         return x.unsqueeze(0) if x.ndim == 2 else x, self.labels[index].clone()
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split as a source read it: uint8 or float images in memory (None in a split whose images
+    are read again item by item, own.ItemSplit), int64 labels, and what its errors call it (a
+    file, a column, an argument)."""
+
+    images: torch.Tensor | None
+    labels: torch.Tensor
+    where: str
+
+    def dataset(self, **facts: Any) -> Dataset:
+        """This split as a dataset, with the classes and normalisation `build_datasets` settled."""
+        assert self.images is not None  # an ItemSplit, the one kind without, makes its own dataset
+        return ImageTensorDataset(self.images, self.labels, **facts)
+
+
+def _no_note(count: int) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Both splits as a source read them, nothing yet checked against the classes: the class names
+    where the source has them, the normalisation where it knows one (a catalog's constants), and
+    what a label error adds about where the number of classes came from."""
+
+    train: Split
+    test: Split
+    class_names: tuple[str, ...] | None = None
+    mean: float | None = None
+    std: float | None = None
+    note: Callable[[int], str] = _no_note
+
+
+def check_normalisation(mean: float | None, std: float | None) -> None:
+    """A one-line UsageError unless `mean` and `std` are both None, or both numbers with std > 0."""
+    if (mean is None) != (std is None):
+        raise UsageError("mean and std go together: pass both, or neither to take them from the training data")
+    if std is not None and not (isinstance(std, (int, float)) and isinstance(mean, (int, float)) and std > 0):
+        raise UsageError(f"mean and std must be numbers, std > 0; got mean={mean!r}, std={std!r}")
+
+
+def build_datasets(splits: Splits, mean: float | None = None, std: float | None = None) -> tuple[Any, Any]:
+    """The (train, test) datasets of what a source read, built in this one place for every source.
+
+    The classes are the source's names, else 0..the largest training label; every label of both
+    splits must lie among them. The normalisation is `mean`/`std` where given (the caller's),
+    else the source's, else the mean and std of the training pixels (see PixelStats).
+    """
+    check_normalisation(mean, std)
+    names = splits.class_names
+    labels = splits.train.labels
+    count = len(names) if names else max(int(labels.max()) + 1 if len(labels) else 0, 1)
+    for split in (splits.train, splits.test):
+        check_label_range(split.labels.numpy(), count, split.where, suffix=splits.note(count))
+    if mean is None or std is None:
+        mean, std = splits.mean, splits.std
+    if mean is None or std is None:
+        assert splits.train.images is not None  # a split read item by item comes with its mean and std
+        mean, std = pixel_mean_std(splits.train.images)
+    facts: dict[str, Any] = {"mean": mean, "std": std, "num_classes": count, "class_names": names}
+    return splits.train.dataset(**facts), splits.test.dataset(**facts)

@@ -24,6 +24,8 @@ from accel_mnist.data.catalog import (
     resolve_data_dir,
 )
 from accel_mnist.data.idx import read_idx
+from accel_mnist.data.tensor_dataset import Split, Splits, build_datasets, pixel_mean_std
+from accel_mnist.errors import UsageError
 from tests.helpers import gzip_bomb
 
 N_TRAIN, N_TEST = 6, 4
@@ -357,6 +359,46 @@ def test_load_datasets_uses_spec_normalisation(tmp_path, write_idx, small_mnist)
     x, _ = test[0]
     expected = (test.images[0].float() / 255 - 0.1307) / 0.3081
     assert torch.allclose(x[0], expected)
+
+
+def test_load_datasets_checks_the_labels_of_both_splits(tmp_path, write_idx, small_mnist):
+    write_split_files(write_idx, tmp_path)
+    lbl = write_idx(tmp_path / "train-labels-idx1-ubyte", np.array([0, 1, 2, 3, 11, 4], np.uint8))
+    with pytest.raises(DataError) as excinfo:
+        load_datasets("mnist", tmp_path, download=False)
+    assert_data_error(excinfo, lbl, "label value 11", "0..9")
+
+
+def _splits(train_labels, test_labels, **kwargs):
+    images = torch.arange(2 * 4 * 4, dtype=torch.uint8).reshape(2, 4, 4)
+    train = Split(images[: len(train_labels)], torch.tensor(train_labels), "train at")
+    test = Split(images[: len(test_labels)], torch.tensor(test_labels), "test at")
+    return Splits(train, test, **kwargs)
+
+
+def test_build_datasets_settles_classes_and_normalisation():
+    train, test = build_datasets(_splits([0, 2], [1]))  # classes from the labels, mean/std from the pixels
+    assert train.num_classes == test.num_classes == 3 and train.class_names is None
+    assert (train.mean, train.std) == (test.mean, test.std) == pixel_mean_std(train.images)
+    train, _ = build_datasets(_splits([0, 1], [1], class_names=("a", "b", "c"), mean=0.5, std=0.25))
+    assert train.num_classes == 3 and train.class_names == ("a", "b", "c") and (train.mean, train.std) == (0.5, 0.25)
+    train, _ = build_datasets(_splits([0, 1], [1], mean=0.5, std=0.25), mean=0.1, std=0.2)  # the caller's first
+    assert (train.mean, train.std) == (0.1, 0.2)
+
+
+def test_build_datasets_refuses_labels_beyond_the_classes():
+    with pytest.raises(DataError) as excinfo:
+        build_datasets(_splits([0, 1], [2], class_names=("a", "b"), note=lambda count: f" ({count} named)"))
+    assert_data_error(excinfo, "test at: label value 2 out of range 0..1 (2 named)")
+    with pytest.raises(DataError) as excinfo:
+        build_datasets(_splits([0, -1], [0]))
+    assert_data_error(excinfo, "train at: label value -1 out of range 0..0")
+
+
+@pytest.mark.parametrize(("mean", "std", "words"), [(0.5, None, "go together"), (0.5, 0.0, "std > 0")])
+def test_build_datasets_refuses_a_bad_mean_and_std(mean, std, words):
+    with pytest.raises(UsageError, match=words):
+        build_datasets(_splits([0], [0]), mean=mean, std=std)
 
 
 def test_specs():
