@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import DataError, one_line
 from .idx import read_idx
-from .tensor_dataset import ImageTensorDataset, check_label_range
+from .tensor_dataset import ImageTensorDataset, Split, Splits, build_datasets, check_label_range
 
 __all__ = [
     "DATASETS",
@@ -22,6 +21,7 @@ __all__ = [
     "find_split_files",
     "load_datasets",
     "load_split",
+    "read_dataset",
     "read_idx",
     "resolve_data_dir",
 ]
@@ -123,12 +123,9 @@ def _fetch(name: str, root: Path) -> None:
     download(name, root)
 
 
-def load_split(
-    name: str, data_dir: str | os.PathLike | None, train: bool, download: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load one split: uint8 images (N, 28, 28) and int64 labels (N,), validated."""
-    spec = _spec(name)
-    root = resolve_data_dir(data_dir)
+def _read_split(name: str, spec: DatasetSpec, root: Path, train: bool, download: bool) -> Split:
+    """One split's IDX files under `root` (fetched first where missing and `download`), checked
+    for shape, type and record count; the labels are not yet checked against the classes."""
     split = "train" if train else "test"
     keys = (f"{split}_images", f"{split}_labels")
     found = _locate(spec, root)
@@ -159,20 +156,37 @@ def load_split(
     expected = spec.train_records if train else spec.test_records
     if len(images) != expected:
         raise DataError(f"{img_path}: expected {expected} records, found {len(images)} ({name} {split} split)")
-    check_label_range(labels, len(spec.classes), str(lbl_path))
-    return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+    return Split(torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64)), str(lbl_path))
+
+
+def load_split(
+    name: str, data_dir: str | os.PathLike | None, train: bool, download: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load one split: uint8 images (N, 28, 28) and int64 labels (N,), validated."""
+    spec = _spec(name)
+    split = _read_split(name, spec, resolve_data_dir(data_dir), train, download)
+    # On its own, a split is checked here; both splits of a dataset are checked by build_datasets.
+    check_label_range(split.labels.numpy(), len(spec.classes), split.where)
+    assert split.images is not None  # read from files
+    return split.images, split.labels
+
+
+def read_dataset(name: str, data_dir: str | os.PathLike | None, download: bool = True) -> Splits:
+    """Both splits of `name` as read, for build_datasets: the catalog's IDX files with the spec's
+    classes and mean/std, or, for `hf:NAME_OR_PATH`, a Hugging Face dataset (see hf.py)."""
+    if not name.startswith("hf:"):
+        spec = _spec(name)
+        root = resolve_data_dir(data_dir)
+        # The training split first: a download it needs fetches the test split as well.
+        train, test = (_read_split(name, spec, root, is_train, download) for is_train in (True, False))
+        return Splits(train, test, class_names=spec.classes, mean=spec.mean, std=spec.std)
+    from .hf import read_hf_dataset  # imported only when asked for: datasets is slow to import
+
+    return read_hf_dataset(name, data_dir, download)
 
 
 def load_datasets(
     name: str, data_dir: str | os.PathLike | None, download: bool = True
 ) -> tuple[ImageTensorDataset, ImageTensorDataset]:
     """Load (train, test) ImageTensorDatasets for `name`, normalised with the spec's mean/std."""
-    if name.startswith("hf:"):  # Hugging Face datasets (hf_data.py); imported only when asked for
-        from .hf import load_hf_datasets
-
-        return load_hf_datasets(name, data_dir, download)
-    spec = _spec(name)
-    train = load_split(name, data_dir, train=True, download=download)
-    test = load_split(name, data_dir, train=False, download=download)
-    common: dict[str, Any] = {"mean": spec.mean, "std": spec.std, "class_names": spec.classes}
-    return ImageTensorDataset(*train, **common), ImageTensorDataset(*test, **common)
+    return build_datasets(read_dataset(name, data_dir, download))

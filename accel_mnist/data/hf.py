@@ -29,9 +29,17 @@ import numpy as np
 import torch
 
 from ..errors import DataError, one_line
-from .tensor_dataset import ImageTensorDataset, check_label_range, pixel_mean_std
+from .tensor_dataset import ImageTensorDataset, Split, Splits, build_datasets, pixel_mean_std
 
-__all__ = ["load_hf_datasets", "hf_splits", "find_columns", "split_to_tensors", "pixel_mean_std"]
+__all__ = [
+    "load_hf_datasets",
+    "read_hf_dataset",
+    "hf_splits",
+    "read_hf_splits",
+    "find_columns",
+    "split_to_tensors",
+    "pixel_mean_std",
+]
 
 SPLITS = ("train", "test")
 # Rows decoded per batch: bounds the temporary int64 copies the numpy formatter makes of array
@@ -44,14 +52,20 @@ _LABEL_NAMES = ("label", "labels", "target", "targets", "y")
 def load_hf_datasets(
     spec: str, data_dir: str | os.PathLike | None = None, download: bool = True
 ) -> tuple[ImageTensorDataset, ImageTensorDataset]:
-    """(train, test) ImageTensorDatasets for `hf:NAME_OR_PATH`.
-
-    `data_dir` is not used (datasets has its own cache). `download=False` loads a Hub name only
-    from datasets' cache, which needs HF_HUB_OFFLINE=1 (datasets reads it at import time).
+    """(train, test) ImageTensorDatasets for `hf:NAME_OR_PATH` (see read_hf_dataset).
 
     Normalisation: mean and std of the training pixels, rounded to 4 decimals -- the convention
     behind the usual constants, so MNIST through hf: gets exactly MNIST's 0.1307/0.3081 (and
     Fashion-MNIST its 0.2860/0.3530) and trains bit-for-bit like the IDX path.
+    """
+    return build_datasets(read_hf_dataset(spec, data_dir, download))
+
+
+def read_hf_dataset(spec: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> Splits:
+    """Both splits of `hf:NAME_OR_PATH` as read, for build_datasets (see read_hf_splits).
+
+    `data_dir` is not used (datasets has its own cache). `download=False` loads a Hub name only
+    from datasets' cache, which needs HF_HUB_OFFLINE=1 (datasets reads it at import time).
     """
     name = spec[3:] if spec.startswith("hf:") else spec
     dsdict = _load(spec, name, download)
@@ -61,12 +75,18 @@ def load_hf_datasets(
             f"{spec}: no {' or '.join(repr(s) for s in missing)} split "
             f"(found: {', '.join(dsdict) or 'none'}); train and test splits are needed"
         )
-    return hf_splits(dsdict["train"], dsdict["test"], spec)
+    return read_hf_splits(dsdict["train"], dsdict["test"], spec)
 
 
 def hf_splits(train: Any, test: Any, where: str) -> tuple[ImageTensorDataset, ImageTensorDataset]:
     """Two `datasets.Dataset`s as (train, test) ImageTensorDatasets, normalised with the training
     pixels' mean and std, with the classes of the training split (see the module doc)."""
+    return build_datasets(read_hf_splits(train, test, where))
+
+
+def read_hf_splits(train: Any, test: Any, where: str) -> Splits:
+    """Two `datasets.Dataset`s as read, for build_datasets: both splits decoded and checked for
+    size and pixels, with the training split's ClassLabel names (see the module doc)."""
     image_col, label_col = find_columns(train, where)
     train_x, train_y = split_to_tensors(train, image_col, label_col, f"{where} train")
     if len(train_x) == 0:
@@ -76,12 +96,8 @@ def hf_splits(train: Any, test: Any, where: str) -> tuple[ImageTensorDataset, Im
     if len(test_x) == 0:
         raise DataError(f"{where}: the test split is empty")
     names = _class_names(train, test, label_col, where)
-    num_classes = len(names) if names else max(int(train_y.max()) + 1, 1)
-    for split, labels in (("train", train_y), ("test", test_y)):
-        check_label_range(labels.numpy(), num_classes, f"{where} {split}", suffix=f" (column {label_col!r})")
-    mean, std = pixel_mean_std(train_x)
-    common: dict[str, Any] = {"mean": mean, "std": std, "num_classes": num_classes, "class_names": names}
-    return ImageTensorDataset(train_x, train_y, **common), ImageTensorDataset(test_x, test_y, **common)
+    train_split, test_split = Split(train_x, train_y, f"{where} train"), Split(test_x, test_y, f"{where} test")
+    return Splits(train_split, test_split, class_names=names, note=lambda count: f" (column {label_col!r})")
 
 
 def _class_names(train: Any, test: Any, label_col: str, where: str) -> tuple[str, ...] | None:
