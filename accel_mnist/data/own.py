@@ -18,7 +18,8 @@ DataLoader: the choice for a Dataset that draws random augmentations in `__getit
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,12 +28,12 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..errors import DataError, UsageError
 from .placement import copy_fits
-from .tensor_dataset import ImageTensorDataset, Normaliser, PixelStats, check_label_range, pixel_mean_std
+from .tensor_dataset import ImageTensorDataset, Normaliser, PixelStats, Split, Splits, check_normalisation
 
-__all__ = ["ItemDataset", "own_datasets"]
+__all__ = ["ItemDataset", "ItemSplit", "own_splits"]
 
 
-def own_datasets(
+def own_splits(
     train_data: Any,
     test_data: Any,
     *,
@@ -41,38 +42,48 @@ def own_datasets(
     num_workers: int = 0,
     mean: float | None = None,
     std: float | None = None,
-) -> tuple[Any, Any]:
-    """(train, test) datasets the loop can use, from the caller's own splits (see the module doc).
+) -> Splits:
+    """The caller's own splits as read (see the module doc), for build_datasets, which applies the
+    caller's `mean`/`std`: given, they only spare counting the pixels here.
 
     `local_processes`: the training processes on this host, each of which holds its own copy.
     """
     if train_data is None or test_data is None:
         raise UsageError("train_data and test_data go together: pass both splits")
-    if (mean is None) != (std is None):
-        raise UsageError("mean and std go together: pass both, or neither to take them from the training data")
-    if std is not None and not (isinstance(std, (int, float)) and isinstance(mean, (int, float)) and std > 0):
-        raise UsageError(f"mean and std must be numbers, std > 0; got mean={mean!r}, std={std!r}")
+    check_normalisation(mean, std)  # before a read that may take long
     hf = sys.modules.get("datasets")  # a datasets.Dataset means datasets is imported already
     if hf is not None and isinstance(train_data, hf.DatasetDict):
         raise UsageError("train_data is a DatasetDict: pass its splits, train_data=dd['train'], test_data=dd['test']")
-    if hf is not None and isinstance(train_data, hf.Dataset) and isinstance(test_data, hf.Dataset):
-        from .hf import hf_splits
-
-        train, test = hf_splits(train_data, test_data, "train_data/test_data")
-        return _pair(train.images, train.labels, test.images, test.labels, train.class_names, mean, std)
     if isinstance(train_data, ImageTensorDataset) and isinstance(test_data, ImageTensorDataset):
-        names = train_data.class_names
-        mean, std = (train_data.mean, train_data.std) if mean is None else (mean, std)
-        return _pair(train_data.images, train_data.labels, test_data.images, test_data.labels, names, mean, std)
-    return _from_torch_datasets(train_data, test_data, data_loader, local_processes, num_workers, mean, std)
+        return _held(train_data, test_data)
+    if hf is None or not (isinstance(train_data, hf.Dataset) and isinstance(test_data, hf.Dataset)):
+        return _from_torch_datasets(train_data, test_data, data_loader, local_processes, num_workers, mean)
+    from .hf import read_hf_splits
+
+    return read_hf_splits(train_data, test_data, "train_data/test_data")
+
+
+def _held(train: ImageTensorDataset, test: ImageTensorDataset) -> Splits:
+    """Two ImageTensorDatasets as they are, with their classes and normalisation."""
+    for where, split in (("train_data", train), ("test_data", test)):
+        if len(split) == 0:
+            raise DataError(f"{where} is empty")
+    names = train.class_names
+    held = Split(train.images, train.labels, "train_data"), Split(test.images, test.labels, "test_data")
+    return Splits(*held, class_names=names, mean=train.mean, std=train.std, note=_classes_note(names))
+
+
+def _classes_note(names: Sequence[str] | None) -> Callable[[int], str]:
+    """What a label error adds: where the classes of the caller's splits come from."""
+    source = "its classes attribute" if names else "the training labels"
+    return lambda count: f" (the {count} classes of {source})"
 
 
 def _from_torch_datasets(
-    train_data: Any, test_data: Any, data_loader: str, local_processes: int, num_workers: int,
-    mean: float | None, std: float | None,
-) -> tuple[Any, Any]:  # fmt: skip
+    train_data: Any, test_data: Any, data_loader: str, local_processes: int, num_workers: int, mean: float | None
+) -> Splits:
     """Two torch Datasets read once: kept as tensors where both fit in memory (and `data_loader`
-    allows), else ItemDatasets that read every item again through a DataLoader."""
+    allows), else ItemSplits, read again item by item through a DataLoader."""
     for where, split in (("train_data", train_data), ("test_data", test_data)):
         _check_map_style(split, where)
     shape, kind = _layout(train_data, "train_data")
@@ -87,46 +98,14 @@ def _from_torch_datasets(
     train_x, train_y = _read(train_data, "train_data", shape, kind, keep, num_workers, stats)
     test_x, test_y = _read(test_data, "test_data", shape, kind, keep, num_workers)
     names = _names(train_data)
+    note = _classes_note(names)
     if keep:
-        assert train_x is not None and test_x is not None
-        return _pair(train_x, train_y, test_x, test_y, names, mean, std)
-    num_classes = _num_classes(train_y, test_y, names)
-    if stats is not None:
-        mean, std = stats.mean_std()
-    assert mean is not None and std is not None
-    common: dict[str, Any] = {
-        "mean": mean,
-        "std": std,
-        "num_classes": num_classes,
-        "class_names": names,
-        "shape": shape,
-        "kind": kind,
-    }
-    return ItemDataset(train_data, "train_data", **common), ItemDataset(test_data, "test_data", **common)
-
-
-def _pair(
-    train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
-    names: Sequence[str] | None, mean: float | None, std: float | None,
-) -> tuple[ImageTensorDataset, ImageTensorDataset]:  # fmt: skip
-    """Both splits in memory, with the classes and (unless given) the mean/std of the training split."""
-    num_classes = _num_classes(train_y, test_y, names)
-    if mean is None or std is None:
-        mean, std = pixel_mean_std(train_x)
-    common: dict[str, Any] = {"mean": mean, "std": std, "num_classes": num_classes, "class_names": names}
-    return ImageTensorDataset(train_x, train_y, **common), ImageTensorDataset(test_x, test_y, **common)
-
-
-def _num_classes(train_y: torch.Tensor, test_y: torch.Tensor, names: Sequence[str] | None) -> int:
-    if len(train_y) == 0:
-        raise DataError("train_data is empty")
-    if len(test_y) == 0:
-        raise DataError("test_data is empty")
-    count = len(names) if names else max(int(train_y.max()) + 1, 1)
-    for where, labels in (("train_data", train_y), ("test_data", test_y)):
-        suffix = f" (the {count} classes of {'its classes attribute' if names else 'the training labels'})"
-        check_label_range(labels.numpy(), count, where, suffix=suffix)
-    return count
+        held = Split(train_x, train_y, "train_data"), Split(test_x, test_y, "test_data")
+        return Splits(*held, class_names=names, note=note)
+    read_again = (ItemSplit(None, train_y, "train_data", train_data, shape, kind),
+                  ItemSplit(None, test_y, "test_data", test_data, shape, kind))  # fmt: skip
+    mean, std = stats.mean_std() if stats is not None else (None, None)
+    return Splits(*read_again, class_names=names, mean=mean, std=std, note=note)
 
 
 def _check_map_style(split: Any, where: str) -> None:
@@ -252,3 +231,17 @@ class ItemDataset(Dataset):
         image, label = _item(self.dataset[index], self.where, index)
         x = self.normalise(_pixels(image, self.where, index, self.shape, self.kind))
         return x.unsqueeze(0) if x.ndim == 2 else x, torch.tensor(label, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class ItemSplit(Split):
+    """A caller's split not held in memory: its labels, read once, and the Dataset that an
+    ItemDataset reads again item by item."""
+
+    source: Any
+    shape: tuple[int, ...]
+    kind: str
+
+    def dataset(self, **facts: Any) -> Dataset:
+        """This split as an ItemDataset, with the classes and normalisation build_datasets settled."""
+        return ItemDataset(self.source, self.where, shape=self.shape, kind=self.kind, **facts)

@@ -14,8 +14,9 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import TrainConfig
-from ..data.catalog import load_datasets
-from ..data.own import own_datasets
+from ..data.catalog import read_dataset
+from ..data.own import own_splits
+from ..data.tensor_dataset import build_datasets
 from ..distributed.consensus import agree
 from ..errors import UsageError, one_line
 from ..model_output import logits_of
@@ -54,20 +55,21 @@ class RunData:
 
 
 def load_run_data(config: TrainConfig, own: OwnData) -> RunData:
-    """The run's data: `own`'s splits where given, else the config's dataset (with `own`'s mean
-    and std where given)."""
+    """The run's data: `own`'s splits where given, else the config's dataset; normalised with
+    `own`'s mean and std where given."""
     if own.train is None and own.test is None:
-        train, test = load_datasets(config.dataset, config.data_dir, download=config.download)
-        if own.mean is not None or own.std is not None:
-            train, test = own_datasets(train, test, mean=own.mean, std=own.std)
-        return RunData(train, test, config.dataset)
-    # Every process on this host holds a copy of its own.
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    train, test = own_datasets(
-        own.train, own.test, data_loader=config.data_loader, local_processes=local,
-        num_workers=config.num_workers, mean=own.mean, std=own.std,
-    )  # fmt: skip
-    return RunData(train, test, f"own:{type(own.train).__name__}")
+        splits = read_dataset(config.dataset, config.data_dir, download=config.download)
+        name = config.dataset
+    else:
+        # Every process on this host holds a copy of its own.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        splits = own_splits(
+            own.train, own.test, data_loader=config.data_loader, local_processes=local,
+            num_workers=config.num_workers, mean=own.mean, std=own.std,
+        )  # fmt: skip
+        name = f"own:{type(own.train).__name__}"
+    train, test = build_datasets(splits, own.mean, own.std)
+    return RunData(train, test, name)
 
 
 def model_for(accelerator: Accelerator, config: TrainConfig, model: nn.Module | None, data: RunData) -> nn.Module:
