@@ -130,22 +130,17 @@ def plan_peak(
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
         return PeakPlan(trace=trace, unpredicted=why)
-    if probe is None:
-        return _fallback(trace, why_not_traced, why_not_probed)
+    if probe is None:  # the trace's plan, said in one line, else no prediction
+        if trace is None:
+            return PeakPlan(unpredicted=f"cannot predict: {why_not_probed}, and {why_not_traced}")
+        return PeakPlan(inputs=trace, trace=trace, note=f"peak memory predicted from the meta-device trace only, "
+                        f"the weaker of the two: {why_not_probed}")  # fmt: skip
     if probe.untrusted:
         return PeakPlan(trace=trace, probe=probe, unpredicted=f"cannot predict: {probe.untrusted}")
     # A forward the meta device cannot run needs real values, and may take another path on another batch.
     note = (f"peak memory: the probe measured the path its example images took; {why_not_traced}, so it may take "
             "others on other batches") if trace is None else None  # fmt: skip
     return PeakPlan(inputs=probed(base, probe, batch, config.eval_batch_size), trace=trace, probe=probe, note=note)
-
-
-def _fallback(trace: PeakInputs | None, why_not_traced: str, why_not_probed: str) -> PeakPlan:
-    """The trace's plan where the probe could not run (said in one line), else no prediction."""
-    if trace is None:
-        return PeakPlan(unpredicted=f"cannot predict: {why_not_probed}, and {why_not_traced}")
-    return PeakPlan(inputs=trace, trace=trace, note=f"peak memory predicted from the meta-device trace only, the "
-                    f"weaker of the two: {why_not_probed}")  # fmt: skip
 
 
 def _short(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import set_seed
 from torch import nn
 
 from ..config import TrainConfig
@@ -18,10 +19,13 @@ from ..data.catalog import read_dataset
 from ..data.own import own_splits
 from ..data.tensor_dataset import build_datasets
 from ..distributed.consensus import agree
+from ..distributed.option_rules import SIXTEEN_BIT, buffers_change, cast_float_buffers, float_buffers
+from ..distributed.prepare import check_model
+from ..distributed.strategy import Strategy
 from ..errors import UsageError, one_line
 from ..model_output import logits_of
 from ..models import INPUT_SHAPE, build_model, num_parameters
-from .state import RunDescription
+from .step import to_memory_format
 
 
 @dataclass(frozen=True)
@@ -119,27 +123,39 @@ def check_takes(model: nn.Module, data: RunData) -> None:
         )
 
 
-def record(state: RunDescription, model_name: str, model: nn.Module, data: RunData) -> None:
-    """Write into `state` what an export of this run needs to know about the model and the data."""
+@dataclass(frozen=True)
+class RunModel:
+    """The run's model, as the strategy computes it, and what the run records about it and its data."""
+
+    module: nn.Module
+    described: dict[str, Any]  # RunDescription's fields: what an export needs to rebuild the model
+    facts: dict[str, Any]  # what results.json says about the model and the data
+
+
+def run_model(
+    accelerator: Accelerator, strategy: Strategy, config: TrainConfig, model: nn.Module | None, data: RunData
+) -> RunModel:
+    """`model` (or the registry's `config.model`) for the data, built or checked under the run's seed, in the
+    memory format and buffer dtype the strategy computes in, and refused where the strategy would leave it as
+    it is (distributed/prepare.py's check_model)."""
     from ..export.transformers_dir import hf_config
 
-    state.model, state.dataset, state.mean, state.std = model_name, data.name, data.train.mean, data.train.std
+    set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
+    name = config.model if model is None else type(model).__name__
+    module = model_for(accelerator, config, model, data)
+    module = to_memory_format(module, config, strategy)
+    if buffers_change(strategy, float_buffers(module)):  # said in the run's changes (training/start.py)
+        cast_float_buffers(module, SIXTEEN_BIT[strategy.precision])
+    check_model(accelerator, module)
+    if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
+        set_seed(config.seed, device_specific=True)
     fields = data.state_fields
-    state.num_classes, state.class_names = fields["num_classes"], fields["class_names"]
-    state.input_shape, state.train_samples = fields["input_shape"], fields["train_samples"]
-    state.transformers_config = hf_config(model, data.train.class_names)
-
-
-def run_facts(state: RunDescription, model: nn.Module) -> dict[str, Any]:
-    """What results.json says about the model and the data."""
-    return {
-        "model": state.model,
-        "dataset": state.dataset,
-        "num_classes": state.num_classes,
-        "class_names": state.class_names,
-        "input_shape": state.input_shape,
-        "num_parameters": num_parameters(model),
-    }
+    described = {"model": name, "dataset": data.name, "mean": data.train.mean, "std": data.train.std, **fields,
+                 "transformers_config": hf_config(module, data.train.class_names)}  # fmt: skip
+    facts = {"model": name, "dataset": data.name, "num_classes": fields["num_classes"],
+             "class_names": fields["class_names"], "input_shape": fields["input_shape"],
+             "num_parameters": num_parameters(module)}  # fmt: skip
+    return RunModel(module, described, facts)
 
 
 def _dims(shape: Any) -> str:

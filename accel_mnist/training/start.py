@@ -9,28 +9,25 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from accelerate.utils import set_seed
 from torch import nn
 
 from ..config import TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
-    SIXTEEN_BIT,
     buffers_change,
-    cast_float_buffers,
     channels_last_change,
     float_buffers,
     tell_change,
 )
-from ..distributed.prepare import check_model, prepare
+from ..distributed.prepare import prepare
 from ..distributed.strategy import Strategy
 from ..memory.allocator import settings as allocator_settings
 from ..memory.watch import MemoryWatch, trainable_numels
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
 from .cadence import Cadence
-from .inputs import OwnData, RunData, load_run_data, model_for, record, run_facts
+from .inputs import OwnData, RunData, RunModel, load_run_data, run_model
 from .loaders import Loaders
 from .memory_plan import plan_memory
 from .preemption import StopSignals
@@ -39,7 +36,7 @@ from .records import versions
 from .run import TrainingRun
 from .state import Progress, RunDescription, check_compatible, rescale_loss_sums
 from .state import read as read_state
-from .step import batch_loss, to_memory_format
+from .step import batch_loss
 
 
 def start_run(
@@ -66,23 +63,22 @@ def start_run(
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
     with run_dir.data_first():  # one process per copy of the data directory downloads, then the others read
         run_data = load_run_data(config, own)
-    model_name, model = _build_model(accelerator, strategy, config, model, run_data)
-    check_model(accelerator, model)
+    built = run_model(accelerator, strategy, config, model, run_data)
+    model = built.module
     config, peak = plan_memory(accelerator, config, strategy, model, run_data, was.config if resume else None)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     saved = Strategy.from_fields(was.strategy) if resume else None
     cadence = Cadence.of(config, steps_per_epoch)
     total_steps = cadence.total_steps
-    described = _describe(accelerator, config, progress, was, resume, strategy, total_steps, run_data)
-    record(described, model_name, model, run_data)
+    described = _describe(accelerator, config, progress, was, resume, strategy, total_steps, run_data, built)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     run_dir.open(plan)
     if config.report_to != "none":
         accelerator.init_trackers(
             "accel_mnist", config={k: "none" if v is None else v for k, v in described.config.items()}
         )
-    facts = _setup_facts(accelerator, config, described, model, strategy, data)
+    facts = _setup_facts(accelerator, config, built, strategy, data)
     if config.prewarm:
         facts["prewarm_seconds"] = prewarm_run(
             accelerator, strategy, config, model, data, len(run_data.train), described.input_shape
@@ -108,20 +104,6 @@ def start_run(
                        scheduler, cadence, steps_per_epoch, facts, memory)  # fmt: skip
 
 
-def _build_model(
-    accelerator: Accelerator, strategy: Strategy, config: TrainConfig, model: nn.Module | None, run_data: RunData
-) -> tuple[str, nn.Module]:
-    """(the name the run records, the model) for the data, built or checked under the run's seed."""
-    set_seed(config.seed)  # after the data: a Dataset of the caller's may draw from the RNG as it is read
-    model_name = config.model if model is None else type(model).__name__
-    model = to_memory_format(model_for(accelerator, config, model, run_data), config, strategy)
-    if buffers_change(strategy, float_buffers(model)):  # said by _setup_facts
-        cast_float_buffers(model, SIXTEEN_BIT[strategy.precision])
-    if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
-        set_seed(config.seed, device_specific=True)
-    return model_name, model
-
-
 def _describe(
     accelerator: Accelerator,
     config: TrainConfig,
@@ -131,10 +113,10 @@ def _describe(
     strategy: Strategy,
     total_steps: int,
     run_data: RunData,
+    built: RunModel,
 ) -> RunDescription:
     """Check a checkpoint (at `progress`, of the run `was`) against this run on every rank (resuming),
-    then describe this run: its strategy, config and length (training/inputs.py's `record` adds the
-    model and the data)."""
+    then describe this run: its strategy, config and length, its model and data (`built`)."""
     if resume:
         settings, data_fields = config.to_dict(), run_data.state_fields
         consensus.agree(
@@ -142,21 +124,22 @@ def _describe(
             lambda: check_compatible(progress, was, strategy, settings, resume, total_steps, data_fields),
         )
         progress.loss_sums = rescale_loss_sums(progress, accelerator.num_processes)
-    return RunDescription(total_steps=total_steps, strategy=strategy.fields(), config=config.to_dict())
+    return RunDescription(
+        total_steps=total_steps, strategy=strategy.fields(), config=config.to_dict(), **built.described
+    )
 
 
 def _setup_facts(
     accelerator: Accelerator,
     config: TrainConfig,
-    described: RunDescription,
-    model: nn.Module,
+    built: RunModel,
     strategy: Strategy,
     data: Loaders,
 ) -> dict[str, Any]:
     """What results.json says about the setup; the prewarm's seconds are filled in as it runs. Its
     `changes`: each way the run differs from what the config asked, said here in one line."""
     facts = {
-        **run_facts(described, model),
+        **built.facts,
         "batch_size": config.batch_size,  # per process: the number `batch_size: auto` chose
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
         **strategy.fields(),
@@ -168,6 +151,6 @@ def _setup_facts(
     }
     if config.channels_last and (line := channels_last_change(strategy)):
         tell_change(accelerator, facts["changes"], line)
-    if line := buffers_change(strategy, float_buffers(model)):
+    if line := buffers_change(strategy, float_buffers(built.module)):
         tell_change(accelerator, facts["changes"], line)
     return facts
