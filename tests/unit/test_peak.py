@@ -233,3 +233,24 @@ def test_a_model_only_the_probe_runs_is_predicted_with_a_line_on_its_paths(monke
     traced = plan_module.plan_peak(gpu, TrainConfig(), BF16_GPU, tiny_model(), (1, 28, 28), 0,
                                    lambda m, x, y, dtype: m(x).sum())  # fmt: skip
     assert traced.note is None and traced.trace is not None
+
+
+def test_fsdp_activation_checkpointing_is_not_predicted_and_the_probe_never_runs(monkeypatch):
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from accel_mnist.config import TrainConfig
+    from accel_mnist.memory import plan as plan_module
+
+    def measure(*args, **kwargs):
+        raise AssertionError("the probe ran: its copy keeps what checkpointing recomputes")
+
+    monkeypatch.setattr(plan_module, "measure", measure)
+    fsdp = SimpleNamespace(activation_checkpointing=True)
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), autocast=nullcontext,
+                          state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=fsdp))  # fmt: skip
+    strategy = Strategy(kind="FSDP", device="cuda", precision="bf16", fsdp_version=2)
+    plan = plan_module.plan_peak(gpu, TrainConfig(), strategy, tiny_model(), (1, 28, 28), 0,
+                                 lambda m, x, y, dtype: m(x).sum())  # fmt: skip
+    assert plan.inputs is None and plan.unpredicted.startswith("cannot predict: FSDP's activation checkpointing")
+    assert plan.trace is not None  # the trace is kept beside the refusal (results.json's trace_peak)
