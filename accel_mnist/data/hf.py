@@ -29,16 +29,13 @@ import numpy as np
 import torch
 
 from ..errors import DataError, one_line
-from .tensor_dataset import ImageTensorDataset, Split, Splits, build_datasets, pixel_mean_std
+from .tensor_dataset import Split, Splits
 
 __all__ = [
-    "load_hf_datasets",
     "read_hf_dataset",
-    "hf_splits",
     "read_hf_splits",
     "find_columns",
     "split_to_tensors",
-    "pixel_mean_std",
 ]
 
 SPLITS = ("train", "test")
@@ -47,18 +44,6 @@ SPLITS = ("train", "test")
 BATCH = 10000
 _IMAGE_NAMES = ("image", "img", "pixels", "pixel_values")
 _LABEL_NAMES = ("label", "labels", "target", "targets", "y")
-
-
-def load_hf_datasets(
-    spec: str, data_dir: str | os.PathLike | None = None, download: bool = True
-) -> tuple[ImageTensorDataset, ImageTensorDataset]:
-    """(train, test) ImageTensorDatasets for `hf:NAME_OR_PATH` (see read_hf_dataset).
-
-    Normalisation: mean and std of the training pixels, rounded to 4 decimals -- the convention
-    behind the usual constants, so MNIST through hf: gets exactly MNIST's 0.1307/0.3081 (and
-    Fashion-MNIST its 0.2860/0.3530) and trains bit-for-bit like the IDX path.
-    """
-    return build_datasets(read_hf_dataset(spec, data_dir, download))
 
 
 def read_hf_dataset(spec: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> Splits:
@@ -76,12 +61,6 @@ def read_hf_dataset(spec: str, data_dir: str | os.PathLike | None = None, downlo
             f"(found: {', '.join(dsdict) or 'none'}); train and test splits are needed"
         )
     return read_hf_splits(dsdict["train"], dsdict["test"], spec)
-
-
-def hf_splits(train: Any, test: Any, where: str) -> tuple[ImageTensorDataset, ImageTensorDataset]:
-    """Two `datasets.Dataset`s as (train, test) ImageTensorDatasets, normalised with the training
-    pixels' mean and std, with the classes of the training split (see the module doc)."""
-    return build_datasets(read_hf_splits(train, test, where))
 
 
 def read_hf_splits(train: Any, test: Any, where: str) -> Splits:

@@ -10,7 +10,7 @@ import torch
 
 from accel_mnist import TrainConfig, train
 from accel_mnist.data.catalog import load_split
-from accel_mnist.data.hf import pixel_mean_std
+from accel_mnist.data.tensor_dataset import pixel_mean_std
 from tests.helpers import MNIST_DIR, real_mnist_present
 
 datasets = pytest.importorskip("datasets")

@@ -53,7 +53,11 @@ def test_hf_splits_take_the_class_label_names_and_check_the_test_split():
     pytest.importorskip("datasets")
     from datasets import ClassLabel, Dataset, Features, Image
 
-    from accel_mnist.data.hf import hf_splits
+    from accel_mnist.data.hf import read_hf_splits
+    from accel_mnist.data.tensor_dataset import build_datasets
+
+    def hf_splits(train, test, where):
+        return build_datasets(read_hf_splits(train, test, where))
 
     images, labels = class_images(20, 47, 0)
 

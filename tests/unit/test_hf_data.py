@@ -8,7 +8,7 @@ import torch
 
 from accel_mnist import DataError
 from accel_mnist.data.catalog import load_datasets, load_split
-from accel_mnist.data.hf import load_hf_datasets, pixel_mean_std
+from accel_mnist.data.tensor_dataset import pixel_mean_std
 from tests.helpers import synthetic_counts
 
 datasets = pytest.importorskip("datasets")
@@ -79,7 +79,7 @@ def test_array_columns_are_found_by_type(tmp_path):
         data = {"note": ["x"] * 12, "pixels": list(pixels), "y": labels}
         ds = Dataset.from_dict(data, features=features)
         DatasetDict(train=ds, test=ds.select(range(4))).save_to_disk(str(tmp_path / name))
-        train_set, test_set = load_hf_datasets(f"hf:{tmp_path / name}")
+        train_set, test_set = load_datasets(f"hf:{tmp_path / name}", None)
         assert torch.equal(train_set.images, torch.from_numpy(pixels)), name
         assert train_set.labels.tolist() == labels.tolist() and len(test_set) == 4
 
@@ -91,7 +91,7 @@ def test_colour_images_are_converted_to_grayscale(tmp_path):
     rgb = [PIL.Image.fromarray(rng.integers(0, 256, size=(28, 28, 3), dtype=np.uint8)) for _ in range(3)]
     ds = Dataset.from_dict({"image": rgb, "label": [1, 2, 3]}, features=IMAGE_FEATURES)
     DatasetDict(train=ds, test=ds).save_to_disk(str(tmp_path / "rgb"))
-    train_set, _ = load_hf_datasets(f"hf:{tmp_path / 'rgb'}")
+    train_set, _ = load_datasets(f"hf:{tmp_path / 'rgb'}", None)
     # The stored PNGs are RGB; PIL's own "L" conversion is the reference.
     expected = np.stack([np.asarray(PIL.Image.open(p).convert("L")) for p in _png_paths(ds)])
     assert torch.equal(train_set.images, torch.from_numpy(expected))
@@ -113,7 +113,7 @@ def _save(tmp_path, name, train, test=None, features=IMAGE_FEATURES):
 
 def _error(spec, **kwargs) -> str:
     with pytest.raises(DataError) as info:
-        load_hf_datasets(spec, **kwargs)
+        load_datasets(spec, None, **kwargs)
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -168,7 +168,7 @@ def test_missing_folder_and_hub_names(tmp_path, monkeypatch, small):
         return datasets.load_from_disk(str(root / "saved"))
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    _assert_same(load_hf_datasets("hf:someone/mnist"), source)
+    _assert_same(load_datasets("hf:someone/mnist", None), source)
     assert calls == ["someone/mnist"]
 
     def unreachable(name, *args, **kwargs):
