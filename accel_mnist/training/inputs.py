@@ -152,9 +152,8 @@ def run_model(
     fields = data.state_fields
     described = {"model": name, "dataset": data.name, "mean": data.train.mean, "std": data.train.std, **fields,
                  "transformers_config": hf_config(module, data.train.class_names)}  # fmt: skip
-    facts = {"model": name, "dataset": data.name, "num_classes": fields["num_classes"],
-             "class_names": fields["class_names"], "input_shape": fields["input_shape"],
-             "num_parameters": num_parameters(module)}  # fmt: skip
+    facts = {k: described[k] for k in ("model", "dataset", "num_classes", "class_names", "input_shape")}
+    facts["num_parameters"] = num_parameters(module)
     return RunModel(module, described, facts)
 
 
