@@ -11,7 +11,7 @@ ACCELERATE_CONFIG ?=
 TRAIN_ARGS ?= --model cnn --epochs 1 --output-dir outputs/cnn --overwrite
 PYTEST_ARGS ?=
 
-.PHONY: train test test-fast test-floors lint clean
+.PHONY: train test test-fast test-gpu test-floors lint clean
 train: $(VENV)/.installed
 	$(BIN)/accelerate launch $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) -m accel_mnist train $(TRAIN_ARGS)
 
@@ -22,6 +22,16 @@ test: $(VENV)/.installed
 # The unit tier alone: in process, on synthetic data, seconds.
 test-fast: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
+
+# The GPU tier on a machine with a CUDA GPU, as cells sharing the card (tests/gpu_suite.py): the
+# quick suite in under nine minutes, or with SHARD=k/n shard k of the rest (SHARD=1/3, 2/3, 3/3).
+# The table goes to $(GPU_OUT)/gpu_suite.md. Outside a venv (a GPU machine with the packages
+# installed otherwise) it runs with python3.
+GPU_OUT ?= outputs/gpu
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+SHARD ?=
+test-gpu:
+	$(GPU_PYTHON) -m tests.gpu_suite --out $(GPU_OUT)$(if $(SHARD), --shard $(SHARD))
 
 # Lint, formatting and types; the settings are in pyproject.toml ([tool.ruff], [tool.mypy]).
 lint: $(VENV)/.installed

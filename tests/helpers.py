@@ -551,3 +551,51 @@ def same_weights(a: Path, b: Path) -> None:
 
     wa, wb = final_weights(a), final_weights(b)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def launcher_exit_on(sig: signal.Signals) -> int:
+    """What `accelerate launch` exits with once its workers have ended on `sig` (they exit 75).
+
+    torchrun's agent re-raises the signal as a SignalException; accelerate 1.16 turns it into
+    exit code 128 + signal, as a shell reports a signalled process, and so does its one-process
+    launcher, which passes SIGTERM on to its worker; earlier versions let the SignalException end
+    the launcher with a traceback and exit code 1.
+    """
+    import accelerate
+    from packaging.version import Version
+
+    return 128 + sig if Version(accelerate.__version__) >= Version("1.16") else 1
+
+
+def preempt_and_resume(launch: list[str] | None, tmp_path: Path, sig: signal.Signals, *extra: str,
+                       steps: int = 120, weights: bool = True) -> None:  # fmt: skip
+    """The fault tests' run (`command`, `steps` steps, a checkpoint every 20) once whole; again, sent
+    `sig` once checkpoint 20 is complete (to the launcher, as Kubernetes does): it saves the current
+    step, writes the preempted marker and exits 75 (the launcher: `launcher_exit_on`); then the same
+    command with --resume-from auto ends with the whole run's metrics and (`weights`) weights."""
+    from accel_mnist.run import checkpoint as ckpt
+    from accel_mnist.run.outputs import PREEMPTED_FILE
+    from accel_mnist.training.preemption import EXIT_PREEMPTED
+
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    proc = run(command(launch, whole, *extra))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, log = start_and_wait_for(command(launch, broken, *extra, "--resume-from", "auto"), broken, 20)
+    os.kill(proc.pid, sig)
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+    marker = json.loads((broken / PREEMPTED_FILE).read_text())
+    assert 20 < marker["step"] < steps and marker["signal"] == sig.name, marker
+    assert ckpt.list_checkpoints(broken)[-1].name == f"step_{marker['step']}"
+    err = log.read_text()
+    assert f"preempted by {sig.name} at step {marker['step']}" in err, err[-3000:]
+    assert code == (EXIT_PREEMPTED if launch is None else launcher_exit_on(sig)), err[-3000:]
+    proc = run(command(launch, broken, *extra, "--resume-from", "auto"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {broken / 'checkpoints' / ('step_' + str(marker['step']))}" in proc.stdout
+    assert not (broken / PREEMPTED_FILE).exists()
+    assert metrics_rows(broken) == metrics_rows(whole)
+    if weights:
+        same_weights(whole, broken)

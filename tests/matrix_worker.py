@@ -141,6 +141,24 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
+def group_command(strategy, precision: str, device: str, processes: int, out: Path, table: str = "matrix"):
+    """The launch of one group of cells writing out/outcomes.json, and the environment it adds: (command, env)."""
+    from tests.matrix import launch_args
+
+    env = {"OMP_NUM_THREADS": "1"}
+    worker = ["-m", "tests.matrix_worker", str(out / "outcomes.json"), strategy.name, precision, device]
+    worker += ["--pairs"] if table == "pairs" else []
+    bin_dir = Path(sys.executable).parent
+    if strategy.launch == ("python",):
+        env["MATRIX_TRAIN_ARGS"] = "=".join(strategy.train_args).lstrip("-")
+        if processes == 1:
+            return [sys.executable, *worker], env
+        return [str(bin_dir / "torchrun"), "--nproc_per_node", str(processes), "--master_port", "0", *worker], env
+    cmd = [str(bin_dir / "accelerate"), "launch", *launch_args(strategy, device, precision, processes),
+           "--main_process_port", "0", *worker]  # fmt: skip
+    return cmd, env
+
+
 def run_group(
     strategy, precision: str, device: str, processes: int, out: Path, timeout: int = 900, table: str = "matrix"
 ) -> dict:
@@ -150,25 +168,12 @@ def run_group(
     import subprocess
 
     from tests.helpers import REPO
-    from tests.matrix import launch_args
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     result = out / "outcomes.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
-    env["OMP_NUM_THREADS"] = "1"
-    worker = ["-m", "tests.matrix_worker", str(result), strategy.name, precision, device]
-    worker += ["--pairs"] if table == "pairs" else []
-    bin_dir = Path(sys.executable).parent
-    if strategy.launch == ("python",):
-        env["MATRIX_TRAIN_ARGS"] = "=".join(strategy.train_args).lstrip("-")
-        if processes == 1:
-            cmd = [sys.executable, *worker]
-        else:
-            cmd = [str(bin_dir / "torchrun"), "--nproc_per_node", str(processes), "--master_port", "0", *worker]
-    else:
-        cmd = [str(bin_dir / "accelerate"), "launch", *launch_args(strategy, device, precision, processes),
-               "--main_process_port", "0", *worker]  # fmt: skip
+    cmd, added = group_command(strategy, precision, device, processes, out, table)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}, **added}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     (out / "log.txt").write_text(proc.stdout + proc.stderr)
     if not result.is_file():
@@ -182,6 +187,20 @@ def matches(want, got: dict) -> bool:
     if want.kind == "crashes":
         return got["kind"] == "crashes" and got["lines"][0].rstrip().endswith(want.lines[0])
     return got["kind"] == want.kind and tuple(got["lines"]) == want.lines
+
+
+def mismatches(table: str, group, device: str, outcomes: dict) -> list[str]:
+    """Each cell of `table` whose outcome in one group's `outcomes` is not what the table expects, as a line."""
+    strategy, precision, processes = group
+    expect = expect_of(table)
+    wrong = []
+    for cell in cells_of(table):
+        want = expect(strategy, precision, device, processes, cell)
+        got = outcomes.get(cell.name, {"kind": "missing", "lines": []})
+        if not matches(want, got):
+            wrong.append(f"{cell.name}: expected {want.kind} {list(want.lines)}, got {got['kind']} "
+                         f"{[line[-2000:] for line in got['lines']]}")  # fmt: skip
+    return wrong
 
 
 def check_groups(
@@ -199,8 +218,6 @@ def check_groups(
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    expect = expect_of(table)
-
     def one(group):
         strategy, precision, processes = group
         label = f"{strategy.name} {precision} {processes}p"
@@ -214,14 +231,9 @@ def check_groups(
 
     seen, wrong = {}, []
     with ThreadPoolExecutor(parallel) as pool:
-        for label, (strategy, precision, processes), outcomes in pool.map(one, groups):
+        for label, group, outcomes in pool.map(one, groups):
             seen[label] = outcomes
-            for cell in cells_of(table):
-                want = expect(strategy, precision, device, processes, cell)
-                got = outcomes.get(cell.name, {"kind": "missing", "lines": []})
-                if not matches(want, got):
-                    wrong.append(f"{label} {cell.name}: expected {want.kind} {list(want.lines)}, got {got['kind']} "
-                                 f"{[line[-2000:] for line in got['lines']]}")  # fmt: skip
+            wrong += [f"{label} {line}" for line in mismatches(table, group, device, outcomes)]
             if record is not None:  # as each group ends: a run cut short keeps what it saw
                 record.write_text(json.dumps({"seen": seen, "wrong": wrong}, indent=1))
     return seen, wrong

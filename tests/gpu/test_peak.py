@@ -1,6 +1,7 @@
 """On a GPU: a run's predicted peak (results.json memory.predicted.peak_allocated_bytes) within 10% of
-its measured one, and the out-of-memory line under a capped allocator (the whole suite:
-benchmarks/peak_suite.py)."""
+its measured one, the auto batch and the out-of-memory line under a capped allocator, for two model
+families: BatchNorm (bncnn, its running statistics) and dropout without normalisation (cnn) (the
+whole suite: benchmarks/peak_suite.py)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,19 @@ def capped():
     torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def _config(mnist_dir, tmp_path, **changes):
-    return TrainConfig(model="bncnn", batch_size=2048, max_steps=3, data_dir=str(mnist_dir), download=False,
+FAMILIES = pytest.mark.parametrize("model", ["bncnn", "cnn"])
+
+
+def _config(mnist_dir, tmp_path, model, **changes):
+    return TrainConfig(model=model, batch_size=2048, max_steps=3, data_dir=str(mnist_dir), download=False,
                        output_dir=str(tmp_path / "run"), quiet=True, export=False, save_checkpoints=False,
                        plots=False, data_loader="device").replace(**changes)  # fmt: skip
 
 
-def test_the_predicted_peak_is_within_ten_percent_of_the_measured(mnist_dir, tmp_path):
+@FAMILIES
+def test_the_predicted_peak_is_within_ten_percent_of_the_measured(mnist_dir, tmp_path, model):
     torch.cuda.reset_peak_memory_stats()
-    memory = train(_config(mnist_dir, tmp_path))["memory"]
+    memory = train(_config(mnist_dir, tmp_path, model))["memory"]
     measured = memory["per_process"][0]["peak_allocated_bytes"]
     predicted = memory["predicted"]["peak_allocated_bytes"]
     assert predicted and abs(measured / predicted - 1) <= 0.10, (measured, predicted)
@@ -36,16 +41,18 @@ def test_the_predicted_peak_is_within_ten_percent_of_the_measured(mnist_dir, tmp
     assert memory["predicted"]["trace_peak_allocated_bytes"] > 0
 
 
-def test_batch_size_auto_trains_within_a_capped_allocator(mnist_dir, tmp_path, capped):
-    results = train(_config(mnist_dir, tmp_path, batch_size="auto"))
+@FAMILIES
+def test_batch_size_auto_trains_within_a_capped_allocator(mnist_dir, tmp_path, capped, model):
+    results = train(_config(mnist_dir, tmp_path, model, batch_size="auto"))
     memory = results["memory"]
     assert results["batch_size"] > 64 and memory["predicted"]["peak_source"] == "probe"
     assert memory["per_process"][0]["peak_allocated_bytes"] <= 1 << 30  # it trained: within the cap
 
 
-def test_a_batch_that_does_not_fit_ends_in_the_out_of_memory_line(mnist_dir, tmp_path, capped):
+@FAMILIES
+def test_a_batch_that_does_not_fit_ends_in_the_out_of_memory_line(mnist_dir, tmp_path, capped, model):
     with pytest.raises(OutOfMemory) as excinfo:
-        train(_config(mnist_dir, tmp_path, batch_size=16384))
+        train(_config(mnist_dir, tmp_path, model, batch_size=16384))
     message = str(excinfo.value)
     assert "\n" not in message and message.startswith("out of CUDA memory")
     assert "the estimate: batch" in message and "fits under one process" in message

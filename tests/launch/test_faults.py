@@ -17,7 +17,6 @@ import torch
 from packaging.version import Version
 
 from accel_mnist.run import checkpoint as ckpt
-from accel_mnist.run.outputs import PREEMPTED_FILE
 from accel_mnist.training.preemption import EXIT_PREEMPTED
 from tests.helpers import (
     ARGS,
@@ -31,6 +30,7 @@ from tests.helpers import (
     find_rank,
     kill_tree,
     metrics_rows,
+    preempt_and_resume,
     run,
     same_weights,
     start_and_wait_for,
@@ -40,17 +40,6 @@ ONE_PROCESS_LAUNCH = ["--config_file", str(CONFIGS / "cpu.yaml")]
 SIGNAL_PASSED_ON = Version(accelerate.__version__) >= Version("1.16")
 
 
-def launcher_exit_on(sig: signal.Signals) -> int:
-    """What `accelerate launch` exits with once its workers have ended on `sig` (they exit 75).
-
-    torchrun's agent re-raises the signal as a SignalException; accelerate 1.16 turns it into
-    exit code 128 + signal, as a shell reports a signalled process, and so does its one-process
-    launcher, which passes SIGTERM on to its worker; earlier versions let the SignalException end
-    the launcher with a traceback and exit code 1.
-    """
-    return 128 + sig if SIGNAL_PASSED_ON else 1
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("launch, sig", [(None, signal.SIGTERM), (DDP, signal.SIGTERM), (None, signal.SIGUSR1),
                                          (ONE_PROCESS_LAUNCH, signal.SIGTERM)],
@@ -58,29 +47,7 @@ def launcher_exit_on(sig: signal.Signals) -> int:
 def test_a_signal_saves_the_current_step_and_auto_resumes_exactly(launch, sig, tmp_path, mnist_dir):
     if launch is ONE_PROCESS_LAUNCH and not SIGNAL_PASSED_ON:
         pytest.skip("accelerate < 1.16's one-process launcher does not pass SIGTERM on")
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    proc = run(command(launch, whole))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc, log = start_and_wait_for(command(launch, broken, "--resume-from", "auto"), broken, 20)
-    # To the launcher, as Kubernetes does; torchrun (and accelerate 1.16's one-process launcher)
-    # passes it on to every worker.
-    os.kill(proc.pid, sig)
-    try:
-        code = proc.wait(timeout=60)
-    finally:
-        kill_tree(proc.pid)
-    marker = json.loads((broken / PREEMPTED_FILE).read_text())
-    assert 20 < marker["step"] < 120 and marker["signal"] == sig.name, marker
-    assert ckpt.list_checkpoints(broken)[-1].name == f"step_{marker['step']}"
-    err = log.read_text()
-    assert f"preempted by {sig.name} at step {marker['step']}" in err, err[-3000:]
-    assert code == (EXIT_PREEMPTED if launch is None else launcher_exit_on(sig)), err[-3000:]
-    proc = run(command(launch, broken, "--resume-from", "auto"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"resumed from {broken / 'checkpoints' / ('step_' + str(marker['step']))}" in proc.stdout
-    assert not (broken / PREEMPTED_FILE).exists()
-    assert metrics_rows(broken) == metrics_rows(whole)
-    same_weights(whole, broken)
+    preempt_and_resume(launch, tmp_path, sig)
 
 
 @pytest.mark.slow
