@@ -5,8 +5,9 @@ nine minutes on one H100 or H200) and `make test-gpu SHARD=k/n` (the rest, in n 
 
 A cell is one subprocess: a recipe launched as a user types it, a group of the pair or option
 matrix (one launch that runs every cell of the table, tests/matrix_worker.py), or a pytest file of
-tests/gpu. Cells start longest first, as many at once as `--parallel` allows and the GPU memory
-each may hold fits in 85% of the card (the billion-parameter recipe holds ~17 GiB); the launches
+tests/gpu. Cells that hold most of the card start first, then the longest, as many at once as
+`--parallel` allows and the GPU memory each may hold fits in 85% of the card (the
+billion-parameter recipe holds ~17 GiB); the launches
 are start-up bound (imports, process groups, DeepSpeed's engine), so sharing the card costs the
 cells little time and the tier its minutes. Every cell ends as passed or failed with one line of
 detail; the table is printed and written to DIR/gpu_suite.md and DIR/gpu_suite.json, and the
@@ -130,10 +131,12 @@ def recipe_cells(root: Path) -> list[Cell]:
         for strategy in recipe_strategies():
             name = f"recipe {recipe.stem} {strategy.name}"
             out = cell_dir(root, name)
-            heavy = recipe.name in HEAVY
-            seconds = 150.0 if heavy and "offload" in strategy.name else 70.0 if strategy.dynamo else 45.0
-            cells.append(Cell(name, out, recipe_command(strategy, recipe, out / "run"), judge_recipe,
-                              20.0 if heavy else 3.0, seconds))  # fmt: skip
+            heavy, offload = recipe.name in HEAVY, "offload" in strategy.name
+            # Seen on one H100 with twelve cells at once: 40-60 s a launch; the heavy recipe's
+            # offloads 180-290 s (the host's Adam over a billion parameters), holding ~8 GiB of GPU.
+            seconds = (240.0 if offload else 60.0) if heavy else 80.0 if strategy.dynamo else 45.0
+            gib = (8.0 if offload else 20.0) if heavy else 3.0
+            cells.append(Cell(name, out, recipe_command(strategy, recipe, out / "run"), judge_recipe, gib, seconds))
     return cells
 
 
@@ -172,13 +175,16 @@ def pytest_cell(root: Path, target: str, seconds: float = 120.0, extra: list[str
     def judge(proc, _out) -> tuple[bool, str]:
         lines = [line for line in proc.stdout.splitlines() if line.strip()]
         last = lines[-1] if lines else proc.stderr[-300:]
-        failures = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        failures = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR", "E ", "/"))]
         return proc.returncode == 0, "; ".join([last, *failures])[:1500]
 
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-o", "addopts=", target]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=line", "-p", "no:cacheprovider", "-o", "addopts="]
+    cmd.append(target)
     name = f"pytest {target.removeprefix('tests/gpu/')}"
     out = cell_dir(root, name)
-    return Cell(name, out, [*cmd, *(extra or []), "--basetemp", str(out / "tmp")], judge, 4.0, seconds)
+    # A wide terminal: pytest cuts its short summary, the failure's message with it, to the width.
+    return Cell(name, out, [*cmd, *(extra or []), "--basetemp", str(out / "tmp")], judge, 4.0, seconds,
+                {"COLUMNS": "400"})  # fmt: skip
 
 
 def quick(root: Path) -> list[Cell]:
@@ -272,7 +278,8 @@ def run_cells(cells: list[Cell], out: Path, parallel: int, budget: float) -> lis
             memory.release(cell.gib)
 
     with ThreadPoolExecutor(parallel) as pool:
-        for row in pool.map(one, sorted(cells, key=lambda c: -c.seconds)):
+        # The cells that hold most of the card first (they queue for memory), then the longest.
+        for row in pool.map(one, sorted(cells, key=lambda c: (-(c.gib >= 8), -c.seconds))):
             rows.append(row)
             print(f"{'passed' if row['passed'] else 'FAILED'} {row['seconds']:6.1f} s  {row['cell']}", flush=True)
     return rows

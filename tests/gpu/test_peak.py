@@ -45,8 +45,9 @@ def test_the_predicted_peak_is_within_ten_percent_of_the_measured(mnist_dir, tmp
 def test_batch_size_auto_trains_within_a_capped_allocator(mnist_dir, tmp_path, capped, model):
     results = train(_config(mnist_dir, tmp_path, model, batch_size="auto"))
     memory = results["memory"]
-    assert results["batch_size"] > 64 and memory["predicted"]["peak_source"] == "probe"
-    assert memory["per_process"][0]["peak_allocated_bytes"] <= 1 << 30  # it trained: within the cap
+    seen = (results["batch_size"], memory["predicted"], memory["per_process"][0]["peak_allocated_bytes"])
+    assert results["batch_size"] > 64 and memory["predicted"]["peak_source"] == "probe", seen
+    assert memory["per_process"][0]["peak_allocated_bytes"] <= 1 << 30, seen  # it trained: within the cap
 
 
 @FAMILIES
