@@ -30,7 +30,7 @@ from ..launch.launchers import (
     started_by_deepspeed_launcher,
 )
 from ..launch.optim_sections import check_deepspeed_optim
-from ..launch.settings import DEEPSPEED_WITH_CPU, LaunchSettings, check_launch
+from ..launch.settings import LaunchSettings, check_launch
 from ..launch.watch import watch_launcher
 from .deepspeed_ops import align_cuda_arch_list
 from .deepspeed_plugin import fresh_json_values, process_deepspeed_plugin
@@ -51,13 +51,11 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     prints the strategy line first: strategy, precision, world size, device.
     """
     watch_launcher()  # a worker whose launcher died exits rather than train on as an orphan
-    launch = check_launch(config)
+    launch = check_launch(config, cpu=bool(kwargs.get("cpu")))
     grad_accum = launch.grad_accum
     use_deepspeed = launch.use_deepspeed
     arch_note = align_cuda_arch_list(use_deepspeed)  # in every process, before DeepSpeed builds an op
     use_fsdp = env_flag("ACCELERATE_USE_FSDP")
-    if use_deepspeed and kwargs.get("cpu"):
-        raise UsageError(DEEPSPEED_WITH_CPU)
     if use_deepspeed:
         process_group_of_one()  # where no launcher set one up: DeepSpeed needs it even alone
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -102,12 +100,6 @@ def _place_processes(
 ) -> None:
     """Refuse FSDP without a device; join the processes of a launch on a machine without an
     accelerator (over gloo under DeepSpeed, else on the CPU), through `handlers` and `kwargs`."""
-    if use_fsdp and (env_flag("ACCELERATE_USE_CPU") or kwargs.get("cpu")):
-        # Accelerate would quietly train without it; a user who asked for sharding should know.
-        raise UsageError(
-            "FSDP was requested together with --cpu/use_cpu, and Accelerate would silently drop FSDP; "
-            "leave out --cpu (FSDP needs a GPU)"
-        )
     has_device = multi_process_device_available()
     if use_fsdp and not has_device:
         raise UsageError(FSDP_NEEDS_A_DEVICE)

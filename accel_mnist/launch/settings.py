@@ -24,10 +24,17 @@ from .launchers import MPI_SIZE_VARS, DeepSpeedJson, check_json_fields, deepspee
 from .optim_sections import check_deepspeed_optim
 
 _FP8_BACKENDS = ("torchao", "transformer_engine", "msamp")
-# Accelerate would quietly train without DeepSpeed; a user who asked for ZeRO should know.
+# Accelerate would quietly train without one of the two: `--cpu` starts one plain process (no
+# DeepSpeed, no FSDP), and DeepSpeed's and FSDP's launchers never pass `use_cpu` on.
+_CPU_ASKED = "together with the CPU (--cpu, use_cpu: true or ACCELERATE_USE_CPU)"
+_LEAVE_OUT = "leave out --cpu / use_cpu / ACCELERATE_USE_CPU"
 DEEPSPEED_WITH_CPU = (
-    "DeepSpeed was requested together with --cpu/use_cpu, and Accelerate would silently drop "
-    "DeepSpeed; leave out --cpu (DeepSpeed runs on CPU when no GPU is present)"
+    f"DeepSpeed was requested {_CPU_ASKED}, and Accelerate would silently drop DeepSpeed or the CPU; "
+    f"{_LEAVE_OUT} (DeepSpeed runs on CPU when no GPU is present)"
+)
+FSDP_WITH_CPU = (
+    f"FSDP was requested {_CPU_ASKED}, and Accelerate would silently drop FSDP or the CPU; {_LEAVE_OUT} "
+    "(FSDP needs a GPU)"
 )
 
 
@@ -42,8 +49,9 @@ class LaunchSettings:
     notes: list[str] = field(default_factory=list)  # one warning each, printed once by the main process
 
 
-def check_launch(config: TrainConfig) -> LaunchSettings:
+def check_launch(config: TrainConfig, *, cpu: bool = False) -> LaunchSettings:
     """Refuse what the loop cannot honour, and resolve `config.grad_accum` (set in place).
+    `cpu`: the script asks for `Accelerator(cpu=True)`.
 
     Runs in every process before the Accelerator exists, so nothing has been written yet.
     """
@@ -51,8 +59,7 @@ def check_launch(config: TrainConfig) -> LaunchSettings:
     found = deepspeed_json(config, _accelerate_kind(launcher))
     ds_json = found.data if found is not None else None
     use_deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED") or found is not None
-    if use_deepspeed and env_flag("ACCELERATE_USE_CPU"):
-        raise UsageError(DEEPSPEED_WITH_CPU)
+    _check_cpu(launcher, use_deepspeed, cpu)
     if env_flag("ACCELERATE_USE_MEGATRON_LM"):
         raise UsageError("Megatron-LM (distributed_type: MEGATRON_LM) is not supported; use a DDP or DeepSpeed config")
     _check_process_count(launcher)
@@ -156,6 +163,25 @@ def _check_process_count(launcher: argparse.Namespace | None) -> None:
     )
 
 
+def _check_cpu(launcher: argparse.Namespace | None, use_deepspeed: bool, cpu: bool) -> None:
+    """Refuse DeepSpeed or FSDP asked for together with the CPU, however each was asked for.
+
+    The workers' environment alone cannot tell (accelerate 1.8 to 1.16, `launch_command`): with
+    `--cpu`, `accelerate launch` runs its simple launcher, which exports ACCELERATE_USE_CPU but
+    nothing of DeepSpeed or FSDP, and DeepSpeed's and FSDP's launchers never export `use_cpu`.
+    So the launcher's own command line and config file are read too.
+    """
+    asked = _launcher_strategy(launcher) if launcher is not None else None
+    if launcher is not None and (launcher.cpu or getattr(_accelerate_config(launcher), "use_cpu", False)):
+        cpu = True
+    if not (cpu or env_flag("ACCELERATE_USE_CPU")):
+        return
+    if use_deepspeed or asked == "DEEPSPEED":
+        raise UsageError(DEEPSPEED_WITH_CPU)
+    if env_flag("ACCELERATE_USE_FSDP") or asked == "FSDP":
+        raise UsageError(FSDP_WITH_CPU)
+
+
 def _check_fp8() -> None:
     if os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower() != "fp8":
         return
@@ -178,11 +204,22 @@ def _accelerate_kind(launcher: argparse.Namespace | None) -> str | None:
         return None
     if launcher.cpu or env_flag("ACCELERATE_USE_CPU"):
         return "the CPU alone (--cpu / use_cpu, with which Accelerate drops DeepSpeed)"
-    for flag, kind in (("use_deepspeed", "DEEPSPEED"), ("use_fsdp", "FSDP"), ("multi_gpu", "MULTI_GPU")):
+    return _launcher_strategy(launcher) or "NO (one process)"
+
+
+# accelerate launch's strategy flags: any of them, and it leaves the config file's distributed_type unread.
+_STRATEGY_FLAGS = (("use_deepspeed", "DEEPSPEED"), ("use_fsdp", "FSDP"), ("multi_gpu", "MULTI_GPU"),
+                   ("use_megatron_lm", "MEGATRON_LM"), ("tpu", "XLA"))  # fmt: skip
+
+
+def _launcher_strategy(launcher: argparse.Namespace) -> str | None:
+    """The distributed_type that an `accelerate launch` command line asks for, before `--cpu` or
+    `use_cpu` has its say: a strategy flag, else the config file's; None without either."""
+    for flag, kind in _STRATEGY_FLAGS:
         if getattr(launcher, flag, False):
             return kind
     written = getattr(getattr(_accelerate_config(launcher), "distributed_type", None), "value", None)
-    return str(written) if written else "NO (one process)"
+    return str(written) if written else None
 
 
 def _accelerate_config(launcher: argparse.Namespace) -> Any:
@@ -190,7 +227,8 @@ def _accelerate_config(launcher: argparse.Namespace) -> Any:
     from accelerate.commands.config.config_args import default_config_file, load_config_from_file
 
     name = launcher.config_file
-    if name is None and not os.path.isfile(default_config_file):
+    # As accelerate does (_validate_launch_command), `--cpu` leaves the default config file unread.
+    if name is None and (launcher.cpu or not os.path.isfile(default_config_file)):
         return None
     if name is not None and not os.path.isabs(name):
         name = str(Path(getattr(launcher, "_cwd", ".")) / name)

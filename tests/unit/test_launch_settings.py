@@ -9,7 +9,7 @@ import pytest
 
 from accel_mnist import TrainConfig
 from accel_mnist.errors import UsageError
-from accel_mnist.launch.settings import check_launch
+from accel_mnist.launch.settings import DEEPSPEED_WITH_CPU, FSDP_WITH_CPU, check_launch
 from tests.helpers import CONFIGS, REPO, WIZARD_MULTI_CPU
 
 
@@ -88,3 +88,64 @@ def test_a_schedule_the_optimizer_cannot_run_is_refused_before_anything_starts(n
         check_launch(TrainConfig(optimizer="adadelta", scheduler="onecycle"))
     check_launch(TrainConfig(optimizer="adadelta", scheduler="onecycle", cycle_momentum=False))
     check_launch(TrainConfig(optimizer="sgd", scheduler="onecycle"))  # SGD's momentum is cycled
+
+
+SIMPLE_LAUNCHER_CPU = {"ACCELERATE_USE_CPU": "True"}  # what `accelerate launch --cpu` exports, and nothing else
+
+
+@pytest.mark.parametrize(
+    "argv, env, refusal",
+    [
+        # --cpu: accelerate runs one plain process and exports nothing of DeepSpeed or FSDP.
+        (["--cpu", "--config_file", "zero2.yaml"], SIMPLE_LAUNCHER_CPU, DEEPSPEED_WITH_CPU),
+        (["--cpu", "--config_file", "zero3.yaml"], SIMPLE_LAUNCHER_CPU, DEEPSPEED_WITH_CPU),
+        (["--cpu", "--config_file", "fsdp.yaml"], SIMPLE_LAUNCHER_CPU, FSDP_WITH_CPU),
+        # use_cpu: true in the YAML: DeepSpeed's and FSDP's launchers never export it.
+        (["--config_file", "USE_CPU/zero2.yaml"], {"ACCELERATE_USE_DEEPSPEED": "true"}, DEEPSPEED_WITH_CPU),
+        (["--config_file", "USE_CPU/fsdp.yaml"], {"ACCELERATE_USE_FSDP": "true"}, FSDP_WITH_CPU),
+        (["--use_fsdp", "--config_file", "cpu.yaml"], {"ACCELERATE_USE_FSDP": "true"}, FSDP_WITH_CPU),
+        # ACCELERATE_USE_CPU exported by hand reaches every launcher's workers.
+        (["--config_file", "zero2.yaml"], {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_CPU": "true"},
+         DEEPSPEED_WITH_CPU),
+        (["--config_file", "fsdp.yaml"], {"ACCELERATE_USE_FSDP": "true", "ACCELERATE_USE_CPU": "true"}, FSDP_WITH_CPU),
+        (None, {"ACCELERATE_USE_FSDP": "true", "ACCELERATE_USE_CPU": "true"}, FSDP_WITH_CPU),  # no accelerate launch
+        # Asked for alone, each is honoured.
+        (["--cpu", "--config_file", "cpu.yaml"], SIMPLE_LAUNCHER_CPU, None),
+        (["--config_file", "multi_cpu.yaml"], {}, None),  # DDP on the CPU: MULTI_GPU with use_cpu: true
+        (["--config_file", "zero2.yaml"], {"ACCELERATE_USE_DEEPSPEED": "true"}, None),  # DeepSpeed, on the CPU here
+        (["--multi_gpu", "--config_file", "USE_CPU/zero2.yaml"], {}, None),  # the flag wins over the YAML's DEEPSPEED
+    ],
+    ids=["--cpu zero2", "--cpu zero3", "--cpu fsdp", "use_cpu zero2", "use_cpu fsdp", "use_cpu --use_fsdp",
+         "env zero2", "env fsdp", "env python fsdp", "--cpu cpu", "multi_cpu", "zero2", "--multi_gpu use_cpu zero2"],
+)  # fmt: skip
+def test_deepspeed_or_fsdp_with_the_cpu_is_refused(argv, env, refusal, tmp_path, no_accelerate_env):
+    """Each way a launch asks for the CPU and for DeepSpeed or FSDP, as the worker sees it: its
+    environment and its launcher's command line (None: no `accelerate launch`)."""
+    for name in ("zero2.yaml", "fsdp.yaml"):  # the shipped YAML with use_cpu: true
+        (tmp_path / name).write_text((CONFIGS / name).read_text().replace("use_cpu: false", "use_cpu: true"))
+    files = {a: str(tmp_path / a[8:] if a.startswith("USE_CPU/") else CONFIGS / a) for a in argv or [] if "yaml" in a}
+    args = parsed_launch(*[files.get(a, a) for a in argv]) if argv is not None else None
+    no_accelerate_env.setattr("accel_mnist.launch.settings.launcher_args", lambda: args)
+    for key, value in {"ACCELERATE_MIXED_PRECISION": "no", **env}.items():
+        no_accelerate_env.setenv(key, value)
+    if refusal is None:
+        check_launch(TrainConfig())
+    else:
+        with pytest.raises(UsageError) as refused:
+            check_launch(TrainConfig())
+        assert str(refused.value) == refusal
+
+
+def test_a_script_that_asks_for_the_cpu_gets_neither_deepspeed_nor_fsdp(tmp_path, no_accelerate_env):
+    """`build_accelerator(config, cpu=True)`: the script's own Accelerator(cpu=True)."""
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text('{"zero_optimization": {"stage": 2}}')
+    with pytest.raises(UsageError) as refused:
+        check_launch(TrainConfig(deepspeed_config=str(ds_json)), cpu=True)
+    assert str(refused.value) == DEEPSPEED_WITH_CPU
+    no_accelerate_env.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(UsageError) as refused:
+        check_launch(TrainConfig(), cpu=True)
+    assert str(refused.value) == FSDP_WITH_CPU
+    no_accelerate_env.delenv("ACCELERATE_USE_FSDP")
+    check_launch(TrainConfig(), cpu=True)  # the CPU alone
