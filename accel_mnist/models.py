@@ -8,13 +8,17 @@ so that configs and exported models can refer to them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
 
 INPUT_SHAPE = (1, 28, 28)  # what every built-in model takes
 
@@ -125,6 +129,39 @@ def build_model(name: str, mlp_hidden: str | None = None, num_classes: int = 10)
     if mlp_hidden is not None:
         return MLP(check_mlp_hidden(name, mlp_hidden), num_classes=num_classes)
     return MODELS[name](num_classes=num_classes)
+
+
+def model_from_path(spec: str) -> nn.Module:
+    """The model that `package.module:callable` (`spec`) returns, imported alike from the `accel-mnist`
+    console script and `python -m accel_mnist`: with the current directory importable. Every command that
+    takes a model by that spelling builds it here; a one-line UsageError where it cannot."""
+    path, _, name = spec.partition(":")
+    with _current_directory_importable():
+        try:
+            factory = getattr(importlib.import_module(path), name)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(f"--model {spec}: cannot import it ({exc})") from None
+        module = factory()  # its own imports, done lazily, find the same modules
+    if not isinstance(module, nn.Module):
+        raise UsageError(f"--model {spec}: {name}() returned a {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+@contextmanager
+def _current_directory_importable() -> Iterator[None]:
+    """The current directory first on sys.path meanwhile, as `python -m` starts with it: a console script
+    starts with its own folder there instead, so `mypackage/` beside the user was not found. Left out under
+    -P / PYTHONSAFEPATH, as `python -m` leaves it out; sys.path is as it was afterwards."""
+    here = os.getcwd()
+    if getattr(sys.flags, "safe_path", False) or here in sys.path or "" in sys.path:
+        yield
+        return
+    sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if here in sys.path:
+            sys.path.remove(here)
 
 
 def check_mlp_hidden(model: str, text: str) -> tuple[int, ...]:

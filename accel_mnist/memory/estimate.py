@@ -8,7 +8,6 @@ precision, optimizer and batch the two agree.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from ..errors import UsageError
@@ -24,20 +23,10 @@ def meta_model(model: str, mlp_hidden: str | None = None, device: str = "meta") 
     `device` for a probe."""
     import torch
 
-    from ..models import build_model
+    from ..models import build_model, model_from_path
 
     with torch.device(device):
-        if ":" not in model:
-            return build_model(model, mlp_hidden)
-        path, _, name = model.partition(":")
-        try:
-            factory = getattr(importlib.import_module(path), name)
-        except (ImportError, AttributeError) as exc:
-            raise UsageError(f"--model {model}: cannot import it ({exc})") from None
-        module = factory()
-    if not isinstance(module, torch.nn.Module):
-        raise UsageError(f"--model {model}: {name}() returned a {type(module).__name__}, not a torch.nn.Module")
-    return module
+        return model_from_path(model) if ":" in model else build_model(model, mlp_hidden)
 
 
 def model_numels(model: str, mlp_hidden: str | None = None) -> list[int]:
