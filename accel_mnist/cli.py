@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
+from .caller import command_line
 from .config import TrainConfig, coerce, load_config_file, parse_bool
 from .errors import UsageError, on_every_rank
 from .launch.watch import exit_orphaned, local_main_process, orphaned
@@ -195,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.handler is not _train:  # the other commands import little more
         settle_collector(own_process)
     try:
-        return args.handler(args)
+        with command_line():  # its messages name flags, not TrainConfig fields (caller.py)
+            return args.handler(args)
     except UsageError as e:
         if args.debug:
             raise

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from .caller import setting
 from .config import TrainConfig
 
 # config.optimizer -> the torch class it builds (outside a DeepSpeed JSON's own optimizer): its
@@ -48,7 +49,7 @@ def schedule_refusal(config: TrainConfig) -> str | None:
     if config.scheduler == "onecycle" and config.cycle_momentum and config.optimizer == "adadelta":
         return (
             "scheduler onecycle cycles the optimizer's momentum (cycle_momentum: true) and adadelta has none; "
-            "set cycle_momentum: false (--cycle-momentum false), or use adam, adamw or sgd"
+            f"set {setting('cycle_momentum', False)}, or use adam, adamw or sgd"
         )
     return None
 

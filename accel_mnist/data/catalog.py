@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..caller import setting
 from ..errors import DataError, one_line
 from .idx import read_idx
 from .tensor_dataset import ImageTensorDataset, Split, Splits, build_datasets, check_label_range
@@ -113,7 +114,7 @@ def download(name: str, data_dir: str | os.PathLike | None) -> None:
         reason = one_line(exc)
         raise DataError(
             f"could not download {name} into {root}: {reason}; "
-            "put the four IDX files there (see README) or pass --data-dir"
+            f"put the four IDX files there (see README) or pass {setting('data_dir')}"
         ) from None
 
 

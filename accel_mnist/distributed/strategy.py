@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..caller import setting
 from ..errors import UsageError
 
 # Strategies in which every process holds the whole model and optimizer (DistributedType is a str
@@ -238,7 +239,7 @@ def _check_global_batch(n_was: int, n_now: int, path: Path, was: dict[str, Any],
     if global_was == global_now:
         return
     per_process, rest = divmod(global_was, accum * n_now)
-    keep = (f"pass --batch-size {per_process} to keep it" if per_process and not rest
+    keep = (f"pass {setting('batch_size', per_process)} to keep it" if per_process and not rest
             else f"{n_now} processes cannot keep it; use a number that divides {global_was // accum}")  # fmt: skip
     raise UsageError(
         f"{path} was saved with a global batch of {global_was} (batch_size {was.get('batch_size')} x "

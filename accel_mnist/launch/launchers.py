@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..caller import setting
 from ..config import TrainConfig, parse_bool
 from ..errors import UsageError
 from ..files import read_json_object
@@ -40,7 +41,7 @@ class DeepSpeedJson:
 
     @property
     def label(self) -> str:
-        return f"--deepspeed_config {self.path}" if self.own else f"deepspeed_config_file {self.path}"
+        return setting("deepspeed_config", self.path) if self.own else f"deepspeed_config_file {self.path}"
 
 
 def check_local_rank(flag: int | None) -> None:
@@ -101,23 +102,23 @@ def deepspeed_json(config: TrainConfig, accelerate_kind: str | None) -> DeepSpee
     path = Path(config.deepspeed_config)
     if not deepspeed_installed():
         raise UsageError(
-            f"--deepspeed_config {path} asks for DeepSpeed, which is not installed: pip install deepspeed "
-            "(or leave --deepspeed_config out to train without it)"
+            f"{setting('deepspeed_config', path)} asks for DeepSpeed, which is not installed: pip install deepspeed "
+            f"(or leave {setting('deepspeed_config')} out to train without it)"
         )
     other = "FSDP" if env_flag("ACCELERATE_USE_FSDP") else None
     if accelerate_kind is not None and not env_flag("ACCELERATE_USE_DEEPSPEED"):
         other = accelerate_kind
     if other is not None:
         raise UsageError(
-            f"the accelerate config asks for {other} and --deepspeed_config {path} for DeepSpeed: give the JSON "
-            f"to a DeepSpeed accelerate config (deepspeed_config_file: {path}, as in zero_file.yaml), or start "
-            "the run without accelerate launch (deepspeed, torchrun or python -m)"
+            f"the accelerate config asks for {other} and {setting('deepspeed_config', path)} for DeepSpeed: give "
+            f"the JSON to a DeepSpeed accelerate config (deepspeed_config_file: {path}, as in zero_file.yaml), or "
+            "start the run without accelerate launch (deepspeed, torchrun or python -m)"
         )
     found = _read(DeepSpeedJson(path, {}, own=True))
     if yaml_json is not None and not (yaml_json.is_file() and yaml_json.samefile(path)):
         raise UsageError(
-            f"two DeepSpeed JSONs: the accelerate config's deepspeed_config_file {yaml_json} and --deepspeed_config "
-            f"{path}; give one of them"
+            f"two DeepSpeed JSONs: the accelerate config's deepspeed_config_file {yaml_json} and "
+            f"{setting('deepspeed_config', path)}; give one of them"
         )
     return found
 

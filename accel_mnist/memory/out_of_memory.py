@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from ..caller import setting
 from ..errors import OutOfMemory
 from .allocator import EXPANDABLE, expandable_segments
 from .model_states import STRATEGIES, format_bytes
@@ -91,7 +92,7 @@ def advice(watch: Any, batch_size: int, room: int, rate: float = 1.0) -> str:
     here = f"batch {below} per process {fit} under {setup.label}" if below else f"no batch fits under {setup.label}"
     here += f" (the estimate said {largest}, but {batch_size} failed)" if capped else ""
     if not largest and not fits(phases(numels, setup, inputs.at_batch(1))["evaluate"], usable):
-        here += " (its evaluation batch is too large: lower --eval-batch-size)"
+        here += f" (its evaluation batch is too large: lower {setting('eval_batch_size')})"
     others = [name for name, options in STRATEGIES.items()
               if (other := replace(setup, **_options(options))) != setup  # this one just failed at this batch
               and fits(predict_peak(numels, other, inputs), usable)]  # fmt: skip

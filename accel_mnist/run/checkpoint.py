@@ -17,6 +17,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from ..caller import setting
 from ..distributed.consensus import agree
 from ..distributed.strategy import Strategy
 from ..errors import StorageError, UsageError, on_every_rank, one_line
@@ -83,8 +84,9 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | Path, state: dic
     except StorageError as e:
         if accelerator.is_main_process:  # every rank has stopped writing into it
             shutil.rmtree(tmp, ignore_errors=True)
-        kept = (f"{previous[-1].name} is kept, and once the storage takes writes again the same command with "
-                f"--resume-from auto continues from it") if previous else "there is no earlier checkpoint"  # fmt: skip
+        again = setting("resume_from", "auto", again=True)
+        kept = (f"{previous[-1].name} is kept, and once the storage takes writes again {again} continues from it"
+                if previous else "there is no earlier checkpoint")  # fmt: skip
         raise on_every_rank(StorageError(f"{e}; the partial checkpoint was removed; {kept}")) from e
     if accelerator.is_main_process:
         if final.exists():
@@ -106,11 +108,12 @@ def resolve_checkpoint(resume_from: str, output_dir: str | Path) -> Path | None:
         if not found and resume_from == "auto":
             return None
         if not found:
-            raise UsageError(f"--resume-from latest: no complete checkpoint in {checkpoint_dir(output_dir)}")
+            where = checkpoint_dir(output_dir)
+            raise UsageError(f"{setting('resume_from', 'latest')}: no complete checkpoint in {where}")
         return found[-1]
     path = Path(resume_from)
     if not path.is_dir():
-        raise UsageError(f"--resume-from {path}: no such checkpoint folder")
+        raise UsageError(f"{setting('resume_from', path)}: no such checkpoint folder")
     if not (path / STATE_FILE).is_file():
         raise UsageError(f"{path}: not a complete checkpoint ({STATE_FILE} is missing)")
     return path

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..caller import setting
 from ..errors import UsageError, one_line
 from .safe_load import MAX_METADATA_BYTES, allowed_globals, check_dcp_metadata, refusal, weights_only_loads
 
@@ -127,7 +128,7 @@ def _deepspeed_weights(ckpt: Path, trust: bool) -> dict[str, Any]:
     except pickle.UnpicklingError as e:
         raise UsageError(
             f"{shard_dir}: holds a pickled {_global_named(e)}, which is not unpickled unless you trust the "
-            "checkpoint (--trust-checkpoint)"
+            f"checkpoint ({setting('trust_checkpoint', True)})"
         ) from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise UsageError(f"{shard_dir}: incomplete or unreadable DeepSpeed checkpoint: {one_line(e)}") from None

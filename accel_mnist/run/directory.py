@@ -23,6 +23,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from ..caller import setting
 from ..config import TrainConfig
 from ..data.catalog import resolve_data_dir
 from ..distributed.consensus import agree, gather_ints, seen_by_every_node
@@ -89,7 +90,7 @@ class RunDir:
             views = ", ".join(f"rank {r}: {_describe(*row)}" for r, row in enumerate(seen))
             raise UsageError(
                 f"the processes see different runs in {self.dir} ({views}); "
-                "--output-dir must be on storage that every node shares"
+                f"{setting('output_dir')} must be on storage that every node shares"
             )
         return plan
 
@@ -124,8 +125,8 @@ class RunDir:
             return
         what = f"a finished run ({outputs.RESULTS_FILE})" if results.exists() else f"checkpoints ({earlier[-1].name})"
         raise UsageError(
-            f"{self.dir} already holds {what}; pass --resume-from auto to continue it, "
-            "--overwrite to replace it, or choose another --output-dir"
+            f"{self.dir} already holds {what}; pass {setting('resume_from', 'auto')} to continue it, "
+            f"{setting('overwrite', True)} to replace it, or choose another {setting('output_dir')}"
         )
 
     @contextmanager
@@ -161,7 +162,7 @@ class RunDir:
         def refuse_unshared() -> None:  # raised by rank 0, so that every node prints rank 0's path
             if not shared and acc.is_main_process:
                 raise UsageError(
-                    f"--output-dir {self.dir} is not shared by every node (a file written there by rank 0 "
+                    f"{setting('output_dir', self.dir)} is not shared by every node (a file written there by rank 0 "
                     "is missing on another node); put it on a filesystem that all nodes mount"
                 )
 

@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..caller import setting
 from ..errors import UsageError
 from ..files import read_json_if_valid, write_json_atomic, writing
 
@@ -172,7 +173,7 @@ class RunLock:
         who = holder.describe() if holder is not None else f"the process that holds {self.lock_path}"
         return UsageError(
             f"{self.dir} is in use by another run ({who}); wait for it to end or stop it, "
-            "or choose another --output-dir"
+            f"or choose another {setting('output_dir')}"
         )
 
     def _renew(self) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..caller import setting
 from ..errors import UsageError, one_line
 
 # What accelerate and DeepSpeed name their pickles; model weights are safetensors, read
@@ -110,7 +111,7 @@ def load_file(path: Path, allowed: list[Any]) -> Any:
         if what is not None:
             raise UsageError(
                 f"{path}: holds a pickled {what}, which is not loaded unless you trust the checkpoint "
-                "(--trust-checkpoint)"
+                f"({setting('trust_checkpoint', True)})"
             ) from None
         raise UsageError(
             f"{path}: corrupt, or not loadable without unpickling arbitrary objects ({one_line(e)})"

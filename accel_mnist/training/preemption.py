@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from ..caller import setting
+
 # sysexits.h's EX_TEMPFAIL, "try again later": what a requeue script looks for.
 EXIT_PREEMPTED = 75
 SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -21,13 +23,13 @@ SIGNALS = ("SIGTERM", "SIGUSR1")
 
 class Preempted(Exception):
     """Training stopped on a signal after saving a checkpoint; the same command with
-    `--resume-from auto` continues it."""
+    `--resume-from auto` (train() with `resume_from="auto"`) continues it."""
 
     def __init__(self, signal_name: str, step: int, checkpoint: Path) -> None:
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
         super().__init__(
             f"preempted by {signal_name} at step {step}: saved {checkpoint}; "
-            "the same command with --resume-from auto continues the run"
+            f"{setting('resume_from', 'auto', again=True)} continues the run"
         )
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..caller import setting
 from ..distributed.strategy import Strategy
 from ..errors import UsageError
 from ..run.checkpoint import MUST_MATCH, STATE_FILE
@@ -88,7 +89,8 @@ def check_compatible(
     if config.get("scheduler") in ("onecycle", "cosine") and was.total_steps not in (0, total_steps):
         raise UsageError(
             f"{path} was saved with a {config['scheduler']} schedule over {was.total_steps} steps but this run "
-            f"has {total_steps}; keep --epochs/--max-steps as they were (or use --scheduler none or step)"
+            f"has {total_steps}; keep {setting('epochs')}/{setting('max_steps')} as they were "
+            f"(or use {setting('scheduler', 'none')} or step)"
         )
     strategy.check_resume(Strategy.from_fields(was.strategy), path, was.config, config)
     for key in MUST_MATCH:

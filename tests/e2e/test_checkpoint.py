@@ -115,7 +115,7 @@ def test_resume_refuses_another_world_size(config):
     (last / ckpt.STATE_FILE).write_text(json.dumps(state))
     # Another number of processes is refused only where the global batch changes with it.
     with pytest.raises(UsageError, match=r"global batch of 128 \(batch_size 64 x grad_accum 1 x 2 processes\) "
-                       r"but this run has 64; with 1 processes pass --batch-size 128 to keep it"):  # fmt: skip
+                       r"but this run has 64; with 1 processes pass batch_size=128 to keep it"):  # fmt: skip
         train(config.replace(resume_from="latest"))
     state["strategy"]["zero_stage"] = 2
     (last / ckpt.STATE_FILE).write_text(json.dumps(state))
@@ -151,7 +151,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(mnist_config, damage):
 def test_a_fresh_run_does_not_start_over_an_earlier_runs_checkpoints(config):
     train(config.replace(max_steps=20))
     (Path(config.output_dir) / "results.json").unlink()  # as if it had been killed
-    with pytest.raises(UsageError, match=r"already holds checkpoints \(step_20\).*--resume-from auto"):
+    with pytest.raises(UsageError, match=r"already holds checkpoints \(step_20\).*resume_from=\"auto\""):
         train(config)
     train(config.replace(overwrite=True, max_steps=40, checkpoint_every=0))  # --overwrite: a new run
     assert [p.name for p in ckpt.list_checkpoints(config.output_dir)] == ["step_40"]

@@ -19,7 +19,7 @@ def config(synthetic_mnist, tmp_path):
 
 
 def test_resume_auto_starts_fresh_continues_and_returns_a_finished_run(config):
-    with pytest.raises(UsageError, match="--resume-from latest: no complete checkpoint"):
+    with pytest.raises(UsageError, match='resume_from="latest": no complete checkpoint'):
         train(config.replace(resume_from="latest"))  # latest is unchanged: it must find one
     auto = config.replace(resume_from="auto")
     first = train(auto)  # nothing there: a fresh start

@@ -121,7 +121,7 @@ def test_two_process_export_matches_checkpoint_export(tmp_path, config, precisio
     torch.save(planted, shards[0])
     with pytest.raises(UsageError) as e:
         export_from_checkpoint(tmp_path / "ckpt", tmp_path / "export2")
-    assert_one_line(e, "pytorch_model", "io.open", "--trust-checkpoint")
+    assert_one_line(e, "pytorch_model", "io.open", "trust_checkpoint=True")  # a Python caller: the argument
     assert not marker.exists() and not (tmp_path / "export2").exists()
     # A shard missing: DeepSpeed's loader counts them, and the error stays one line.
     shards[0].write_bytes(original)

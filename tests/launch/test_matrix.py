@@ -53,4 +53,4 @@ def test_a_second_run_in_one_process_reuses_its_json_and_refuses_another(tmp_pat
     lines = [line for line in proc.stdout.splitlines() if line[:2] in ("a ", "b ", "c ")]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert lines[:2] == ["a 2", "b 2"], proc.stdout[-2000:]
-    assert lines[2].startswith("c error: --deepspeed_config ") and "start a fresh process" in lines[2]
+    assert lines[2].startswith('c error: deepspeed_config="') and "start a fresh process" in lines[2]

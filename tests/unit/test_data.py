@@ -335,7 +335,7 @@ def test_download_failure_is_one_line(tmp_path, monkeypatch):
     _fake_torchvision(monkeypatch, FailingMNIST)
     with pytest.raises(DataError) as excinfo:
         load_split("mnist", tmp_path, train=True)
-    assert_data_error(excinfo, f"could not download mnist into {tmp_path}", "no network", "--data-dir")
+    assert_data_error(excinfo, f"could not download mnist into {tmp_path}", "no network", "pass data_dir")
 
 
 # --- datasets ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def test_another_number_of_processes_needs_the_same_global_batch():
     _check(was, now)  # 2 x 32 = 1 x 64
     assert rescale_loss_sums(was[0], 1) == [3.0]  # (3 + 3) / 2 ranks, carried by rank 0
     with pytest.raises(UsageError, match="global batch of 64 .* but this run has 32; with 1 processes pass "
-                       "--batch-size 64 to keep it"):  # fmt: skip
+                       "batch_size=64 to keep it"):  # fmt: skip
         _check(was, now, {**now.config, "batch_size": 32})
     with pytest.raises(UsageError, match="3 processes cannot keep it"):
         _check(was, _run(3, 32)[1])
