@@ -90,6 +90,19 @@ class _BoolFlag(argparse.Action):
         setattr(namespace, self.dest, parsed)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows a boolean's flags as `--plots [true|false], --no-plots`: the value goes to the first only.
+
+    argparse writes one metavar after every spelling, and so promised `--no-plots [true|false]`,
+    which _BoolFlag refuses (a double negative reads either way).
+    """
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not isinstance(action, _BoolFlag):
+            return super()._format_action_invocation(action)
+        return ", ".join(o if o.startswith("--no-") else f"{o} [{action.metavar}]" for o in action.option_strings)
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, so that the CLI can never drift from the config."""
     hints = get_type_hints(TrainConfig)
@@ -119,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     _add_launcher_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    train = sub.add_parser("train", help="train and evaluate a model")
-    train.add_argument("--config", help="YAML or JSON file of training-config keys")
+    train = sub.add_parser("train", help="train and evaluate a model", formatter_class=_HelpFormatter)
+    train.add_argument("--config", help="YAML or JSON file of training-config keys, or a shipped recipe by the "
+                       "name accel-mnist configs lists (e.g. fast99; a file of that name wins)")  # fmt: skip
     train.add_argument("--deepspeed", action="store_true",
                        help="DeepSpeed's switch: train under DeepSpeed (needs --deepspeed_config)")  # fmt: skip
     _add_launcher_flags(train, default=argparse.SUPPRESS)

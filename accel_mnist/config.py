@@ -22,6 +22,7 @@ from .data.catalog import DATASETS
 from .data.placement import DATA_LOADERS
 from .errors import ConfigError, one_line
 from .models import MODELS, check_mlp_hidden
+from .shipped import config_file
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "adadelta")
 SCHEDULERS = ("none", "onecycle", "cosine", "step")
@@ -252,18 +253,18 @@ class TrainConfig:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a plain dict (keys are checked later)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+    """Read a YAML or JSON config file, or a shipped recipe by the name `accel-mnist configs` lists
+    (`fast99`; a file of that name wins), into a plain dict (keys are checked later)."""
+    file = config_file(path)
+    suffix = Path(file.name).suffix
     import yaml
 
     try:
-        text = path.read_text()
+        text = file.read_text(encoding="utf-8")
         # safe_load: a config file from elsewhere must never construct Python objects.
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError, UnicodeDecodeError) as e:
-        kind = "JSON" if path.suffix == ".json" else "YAML"
+        kind = "JSON" if suffix == ".json" else "YAML"
         raise ConfigError(f"{path}: not valid {kind}: {one_line(e)}") from None
     if data is None:
         return {}

@@ -61,3 +61,22 @@ def test_boolean_flags_take_a_value_as_accelerates_do(capsys):
             parser.parse_args(["train", *argv])
         assert excinfo.value.code == 2
         assert said in capsys.readouterr().err
+
+
+def test_help_shows_each_boolean_flag_as_it_is_taken(capsys):
+    """`--plots [true|false], --no-plots`: help promised `--no-plots [true|false]`, which is refused."""
+    from dataclasses import fields
+
+    from accel_mnist.cli import build_parser
+    from accel_mnist.config import TrainConfig
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--help"])
+    text = capsys.readouterr().out
+    booleans = [f.name.replace("_", "-") for f in fields(TrainConfig) if f.type in (bool, "bool")]
+    assert "plots" in booleans and "quiet" in booleans
+    for name in booleans:
+        assert f"--{name} [true|false], --no-{name}\n" in text, name
+        assert f"--no-{name} [" not in text, name
+        assert getattr(parser.parse_args(["train", f"--no-{name}"]), name.replace("-", "_")) is False

@@ -115,6 +115,26 @@ def test_missing_config_file(tmp_path):
         load_config_file(tmp_path / "nope.yaml")
 
 
+def test_config_takes_a_shipped_recipe_by_the_names_the_listing_shows(tmp_path, monkeypatch, capsys):
+    """`--config fast99` as `accel-mnist configs` lists it; a file of that name wins; neither: one line."""
+    import yaml
+
+    from accel_mnist.cli import main
+    from tests.helpers import REPO
+
+    monkeypatch.chdir(tmp_path)  # no recipes/ folder here: the names reach the shipped files
+    recipe = yaml.safe_load((REPO / "recipes" / "fast99.yaml").read_text())
+    for name in ("fast99", "fast99.yaml", "recipes/fast99", "recipes/fast99.yaml"):
+        assert load_config_file(name) == recipe, name
+    assert parse(["--config", "fast99"]).model == recipe["model"]
+    (tmp_path / "fast99").write_text("model: linear\n")
+    assert parse(["--config", "fast99"]).model == "linear"
+    assert main(["train", "--config", "zero2"]) == 2  # an accelerate config, not a recipe
+    err = capsys.readouterr().err
+    assert err.startswith("error: config file zero2 does not exist, and no recipe named 'zero2' (known: fast99,")
+    assert err.count("\n") == 1
+
+
 def test_empty_file_means_defaults(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("")
