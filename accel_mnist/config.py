@@ -113,7 +113,10 @@ class TrainConfig:
     )
     output_dir: str = field(default="outputs/run", metadata={"help": "where results are written"})
     overwrite: bool = field(default=False, metadata={"help": "replace the results of a finished run in output_dir"})
-    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+    quiet: bool = field(
+        default=False,
+        metadata={"help": "no progress bar, even on a terminal (the one line per evaluation still prints)"},
+    )
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
     report_to: str = field(
         default="none",

@@ -41,11 +41,12 @@ def real_mnist_present() -> bool:
     return (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file()
 
 
-# metrics.jsonl keys that measure time (and the memory peak, which moves alike from run to run):
+# metrics.jsonl keys that measure time (and the memory peaks, which move alike from run to run):
 # left out wherever two runs' metrics are compared.
 TIMING_KEYS = frozenset(
-    {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second", "peak_allocated_bytes"}
-)
+    {"samples_per_second", "train_seconds", "warmup_seconds", "steady_samples_per_second", "peak_allocated_bytes",
+     "peak_rss_bytes"}
+)  # fmt: skip
 
 
 def write_idx(path, array, *, gz: bool = False, code: int = 0x08, tail: bytes = b"", cut: int = 0) -> Path:

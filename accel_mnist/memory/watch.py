@@ -168,11 +168,12 @@ class MemoryWatch:
         ]
         return self.per_process
 
-    def largest_peak(self) -> int | None:
-        """The largest peak over the processes at the last gather: allocated on an accelerator, else the RSS."""
-        values = [p["peak_allocated_bytes"] or p["peak_rss_bytes"] for p in self.per_process]
-        present = [v for v in values if v is not None]
-        return max(present) if present else None
+    def largest_peaks(self) -> dict[str, int | None]:
+        """The largest of each peak over the processes at the last gather, under the names and meanings
+        of results.json's per-process fields: `peak_allocated_bytes` is the accelerator allocator's
+        (None on a CPU, which has none), `peak_rss_bytes` the whole process's resident memory."""
+        keys = ("peak_allocated_bytes", "peak_rss_bytes")
+        return {k: max((v for p in self.per_process if (v := p[k]) is not None), default=None) for k in keys}
 
     def results(self) -> dict[str, Any]:
         """results.json's `memory`: every process's counts and peaks, and the prediction."""

@@ -8,7 +8,7 @@ from typing import Any
 
 # Fields of a metrics row that results.json states in its own terms ("epochs", "steps", and
 # every process's peaks under "memory").
-_ROW_ONLY = ("epoch", "step", "peak_allocated_bytes")
+_ROW_ONLY = ("epoch", "step", "peak_allocated_bytes", "peak_rss_bytes")
 
 
 def metrics_row(

@@ -179,14 +179,15 @@ class TrainingRun:
             steps_per_epoch=self.steps_per_epoch,
             num_processes=accelerator.num_processes,
         )
-        self.metrics["peak_allocated_bytes"] = self.memory.largest_peak()
+        self.metrics.update(self.memory.largest_peaks())
         self.run_dir.log_metrics(self.metrics)
-        accelerator.log(self.metrics, step=state.step)
-        if not self.config.quiet:
-            accelerator.print(
-                f"epoch {self.metrics['epoch']:.2f} step {state.step}: train_loss {train_loss:.4f} "
-                f"test_loss {self.metrics['test_loss']:.4f} test_accuracy {self.metrics['test_accuracy']:.4f}"
-            )
+        # A tracker takes numbers only (MLflow warns about a None): a CPU's allocated peak is left out.
+        accelerator.log({k: v for k, v in self.metrics.items() if v is not None}, step=state.step)
+        # Printed under --quiet too, which turns off the bar only: the line is the run's result on stdout.
+        accelerator.print(
+            f"epoch {self.metrics['epoch']:.2f} step {state.step}: train_loss {train_loss:.4f} "
+            f"test_loss {self.metrics['test_loss']:.4f} test_accuracy {self.metrics['test_accuracy']:.4f}"
+        )
         self.losses.reset_sum()
         state.loss_count = 0
 

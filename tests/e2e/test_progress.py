@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import MNIST_DIR, REPO
 
 ARGS = ["train", "--model", "linear", "--max-steps", "20", "--eval-every", "10", "--no-download",
@@ -27,10 +29,13 @@ def test_no_bar_without_a_terminal_but_one_line_per_evaluation(tmp_path, mnist_d
     assert "step/s" not in proc.stderr and "step/s" not in proc.stdout  # tqdm's rate: no bar
 
 
-def test_quiet_prints_no_progress(tmp_path, mnist_dir):
+def test_quiet_turns_off_the_bar_only(tmp_path, mnist_dir):
+    """The README's and --help's --quiet: no bar; the evaluations' lines, the run's result, still print."""
     proc = run(tmp_path, "--quiet")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    assert [line.split()[3].rstrip(":") for line in lines] == ["10", "20"]
+    assert "step/s" not in proc.stderr
 
 
 def test_log_level_debug_reaches_the_libraries(tmp_path, mnist_dir):
@@ -49,7 +54,8 @@ def test_log_level_debug_reaches_the_libraries(tmp_path, mnist_dir):
     assert "accelerate.checkpointing" in debug.stderr and "accelerate.checkpointing" not in quiet.stderr
 
 
-def test_bar_on_a_terminal(tmp_path, mnist_dir):
+@pytest.mark.parametrize("quiet", [False, True])
+def test_bar_on_a_terminal_unless_quiet(tmp_path, mnist_dir, quiet):
     import fcntl
     import pty
     import struct
@@ -59,7 +65,8 @@ def test_bar_on_a_terminal(tmp_path, mnist_dir):
     # A new pty is 0 columns wide, and the bar fits itself to the width.
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR)}
-    proc = subprocess.Popen([sys.executable, "-m", "accel_mnist", *ARGS, "--output-dir", str(tmp_path / "o")],
+    proc = subprocess.Popen([sys.executable, "-m", "accel_mnist", *ARGS, "--output-dir", str(tmp_path / "o"),
+                             *(["--quiet"] if quiet else [])],
                             stdout=subprocess.DEVNULL, stderr=secondary, env=env, cwd=REPO)  # fmt: skip
     os.close(secondary)
     out = b""
@@ -72,4 +79,4 @@ def test_bar_on_a_terminal(tmp_path, mnist_dir):
             break
         out += chunk
     assert proc.wait(timeout=300) == 0
-    assert b"step/s" in out or b"s/step" in out, out[-2000:]
+    assert (b"step/s" in out or b"s/step" in out) is not quiet, out[-2000:]

@@ -55,6 +55,17 @@ def test_writes_results_metrics_and_config(small_config):
     assert TrainConfig.from_dict(json.loads(open(f"{out}/{CONFIG_FILE}").read())) == small_config
 
 
+def test_metrics_rows_and_results_name_the_same_peaks(small_config):
+    """metrics.jsonl's peaks are results.json's per-process ones (the largest over the processes) under
+    the same names and meanings: on a CPU no allocated peak in either, the RSS as peak_rss_bytes."""
+    results = train(small_config.replace(max_steps=2, eval_every=0, save_checkpoints=False))
+    [process] = results["memory"]["per_process"]
+    last = read_metrics(small_config)[-1]
+    assert process["peak_allocated_bytes"] is None and last["peak_allocated_bytes"] is None
+    assert last["peak_rss_bytes"] == process["peak_rss_bytes"] > 0
+    assert "peak_rss_bytes" not in results  # results.json states the peaks under memory only
+
+
 def test_short_run_learns(config):
     # Measured: linear, batch 64, Adam 1e-3, 300 steps gives about 0.90; untrained is about 0.1.
     results = train(config.replace(max_steps=300, eval_every=0))
