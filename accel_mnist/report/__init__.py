@@ -77,8 +77,13 @@ def run_label(run_dir: str | os.PathLike, results: dict[str, Any] | None) -> str
     return strategy.label if strategy is not None else Path(run_dir).name or str(run_dir)
 
 
+def _strategies(run_dirs: Sequence[Path], results: Sequence[dict[str, Any] | None]) -> list[str]:
+    # Each run's run_label: the tables' strategy column, beside the run's own column.
+    return [run_label(d, r) for d, r in zip(run_dirs, results, strict=True)]
+
+
 def _labels(run_dirs: Sequence[Path], results: Sequence[dict[str, Any] | None]) -> list[str]:
-    labels = [run_label(d, r) for d, r in zip(run_dirs, results, strict=True)]
+    labels = _strategies(run_dirs, results)
     # Two runs of the same strategy (different models, seeds...) must stay apart in a legend.
     return [
         f"{label} [{d.name}]" if labels.count(label) > 1 and label != d.name else label
@@ -208,7 +213,7 @@ def summarize(run_dirs: Sequence[str | os.PathLike]) -> str:
     """
     dirs = [Path(d) for d in run_dirs]
     runs = [load_run(d) for d in dirs]
-    labels = _labels(dirs, [results for _, results in runs])
+    labels = _strategies(dirs, [results for _, results in runs])  # the run column tells two alike apart
     header = ("run", "strategy", "steps", "train_seconds", "samples/s", "test_accuracy", "test_loss")
     table = [header]
     for d, label, (rows, results) in zip(dirs, labels, runs, strict=True):
@@ -237,7 +242,7 @@ def _report(args: argparse.Namespace) -> int:
     labels = _labels(dirs, results)
     written += write_memory_charts(dirs, labels, results)
     print(summarize(dirs))
-    if table := memory_table(labels, results):
+    if table := memory_table([str(d) for d in dirs], _strategies(dirs, results), results):
         print(table)
     for path in written:
         print(f"wrote {path}")

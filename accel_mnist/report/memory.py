@@ -38,11 +38,15 @@ def _mib(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value / MIB:.1f}"
 
 
-def memory_table(labels: Sequence[str], results: Sequence[dict[str, Any] | None]) -> str:
-    """One line per process of every run with a `memory`: measured/predicted MiB by kind, and the peaks."""
-    header = ("run", "rank", *NAMES, "model states", "peak allocated", "peak reserved", "peak RSS")
+def memory_table(runs: Sequence[str], strategies: Sequence[str], results: Sequence[dict[str, Any] | None]) -> str:
+    """One line per process of every run with a `memory`: measured/predicted MiB by kind, and the peaks.
+
+    A line names its run (the directory, as the summary does) and the run's strategy beside it:
+    two runs of one strategy differ by model, batch or seed, and must stay apart.
+    """
+    header = ("run", "strategy", "rank", *NAMES, "model states", "peak allocated", "peak reserved", "peak RSS")
     table: list[tuple[str, ...]] = [header]
-    for label, result in zip(labels, results, strict=True):
+    for run, strategy, result in zip(runs, strategies, results, strict=True):
         memory = memory_of(result)
         if memory is None:
             continue
@@ -53,10 +57,10 @@ def memory_table(labels: Sequence[str], results: Sequence[dict[str, Any] | None]
             peaks = [_mib(row.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes")]
             if predicted.get("peak_allocated_bytes"):  # on a GPU: the predicted peak beside the measured
                 peaks[0] += f" / {_mib(predicted['peak_allocated_bytes'])}"
-            table.append((label, str(row["rank"]), *pairs, total, *peaks))
+            table.append((run, strategy, str(row["rank"]), *pairs, total, *peaks))
     if len(table) == 1:
         return ""
-    return "memory per process, MiB (measured / predicted):\n" + text_table(table)
+    return "memory per process, MiB (measured / predicted):\n" + text_table(table, left=2)
 
 
 def plot_memory(results: dict[str, Any], title: str, out_png: str | os.PathLike) -> Path:

@@ -172,13 +172,14 @@ def test_report_table_and_chart_per_run(tmp_path):
     two = _results([_process(0, 4 * mib, 2 * mib, 6 * mib, 50 * mib), _process(1, 4 * mib, 2 * mib, 6 * mib, 51 * mib)],
                    _kinds(4 * mib, 2 * mib, 6 * mib))  # fmt: skip
     old = {"model": "cnn"}  # a run from before memory was recorded
-    table = memory_table(["zero2", "old"], [two, old])
+    table = memory_table(["runs/a", "old"], ["zero2", "old"], [two, old])
     lines = table.splitlines()
     assert lines[0] == "memory per process, MiB (measured / predicted):" and len(lines) == 5
-    assert lines[3].split()[:3] == ["zero2", "0", "4.0"] and "12.0 / 12.0" in lines[3] and "51.0" in lines[4]
+    assert lines[1].split()[:3] == ["run", "strategy", "rank"]
+    assert lines[3].split()[:4] == ["runs/a", "zero2", "0", "4.0"] and "12.0 / 12.0" in lines[3] and "51.0" in lines[4]
     written = write_memory_charts([tmp_path / "a", tmp_path / "b"], ["zero2", "old"], [two, old])
     assert written == [tmp_path / "a" / "memory.png"] and written[0].stat().st_size > 10_000
-    assert memory_table(["old"], [old]) == ""
+    assert memory_table(["old"], ["old"], [old]) == ""
 
 
 @pytest.mark.parametrize("memory", [None, [], {"per_process": []}, {"per_process": [{"rank": 0}], "predicted": {}},

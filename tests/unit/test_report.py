@@ -124,6 +124,30 @@ def test_report_command(tmp_path, capsys, monkeypatch):
     assert_png(tmp_path / "comparison.png")
 
 
+def test_two_runs_of_one_strategy_stay_apart_in_both_tables(tmp_path, capsys):
+    """`report a/run b/run`: each table's lines name their run, the strategy beside it."""
+    mib = 1 << 20
+    states = {"parameter_bytes": 4 * mib, "gradient_bytes": 4 * mib, "optimizer_state_bytes": 8 * mib,
+              "offloaded_bytes": 0}  # fmt: skip
+    process = {"rank": 0, **states, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
+               "peak_rss_bytes": 900 * mib, "alloc_retries": None, "ooms": None}  # fmt: skip
+    runs = []
+    for seed in ("a", "b"):
+        run = make_run(tmp_path / seed / "run", distributed_type="NO", num_processes=1)
+        results = json.loads((run / "results.json").read_text())
+        memory = {"per_process": [process], "predicted": {**states, "peak_allocated_bytes": None}}
+        (run / "results.json").write_text(json.dumps({**results, "memory": memory}))
+        runs.append(str(run))
+    assert _cli(["report", *runs, "--output", str(tmp_path / "cmp.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("memory per process, MiB (measured / predicted):")
+    for table in (lines[:at], lines[at + 1 :]):
+        assert table[0].split()[:2] == ["run", "strategy"]
+        rows = [line for line in table if line.startswith(str(tmp_path))]
+        assert [row.split("  ")[0] for row in rows] == runs, table
+        assert all(row[len(runs[0]) :].split()[:3] == ["NO,", "1", "proc"] for row in rows), rows
+
+
 @pytest.mark.parametrize("setup, message", [
     (lambda p: None, "run directory {p} does not exist"),
     (lambda p: p.mkdir(), "{p} has no metrics.jsonl (not a training output directory?)"),
