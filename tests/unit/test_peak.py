@@ -209,7 +209,7 @@ def test_the_report_sets_the_predicted_peak_beside_the_measured(tmp_path):
 
     rows = json.loads((ROOT / "benchmarks/results/h200-2026-12-03-peak/peak_suite.json").read_text())["rows"]
     record = {"memory": next(r["memory"] for r in rows if r["name"] == "zero3-mlp121m-b64")}
-    assert "3993.3 / 3992.7" in memory_table(["zero3"], [record])  # measured / predicted peak allocated, MiB
+    assert "3993.3 / 3992.7" in memory_table(["run"], ["zero3"], [record])  # measured / predicted peak allocated, MiB
     assert plot_memory(record, "zero3", tmp_path / "memory.png").stat().st_size > 0
 
 
