@@ -49,7 +49,12 @@ $(VENV)/.installed: pyproject.toml setup.py
 FLOOR_VENV ?= .venv-floors
 FLOOR_TESTS ?= tests/unit/test_packaging.py tests/e2e/test_packaging.py tests/launch/test_packaging.py \
 	tests/unit/test_hf_data.py::test_array_columns_are_found_by_type tests/unit/test_predict.py::test_sixteen_bit_picture
+# DeepSpeed's ops are built in a folder of the floor venv's own: torch 2.13 waits for as long as a
+# `lock` file exists in an extension's build folder, and torch 2.14 (.venv) leaves that file there
+# (it holds an OS lock on it instead), so a shared ~/.cache/torch_extensions would hang the first
+# DeepSpeed launch here.
 test-floors: $(FLOOR_VENV)/.installed
+	TORCH_EXTENSIONS_DIR=$(abspath $(FLOOR_VENV))/torch_extensions \
 	$(FLOOR_VENV)/bin/pytest $(PYTEST_ARGS) -k "not wheel" $(FLOOR_TESTS)
 
 $(FLOOR_VENV)/.installed: pyproject.toml setup.py .ci/floors.py
