@@ -28,10 +28,9 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,24 +223,6 @@ def shard(cells: list[Cell], k: int, n: int) -> list[Cell]:
     return mine
 
 
-class GpuMemory:
-    """Admits a cell while the GPU memory the running cells may hold stays within `total` GiB."""
-
-    def __init__(self, total: float) -> None:
-        self.free = total
-        self.cond = threading.Condition()
-
-    def hold(self, gib: float) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: self.free >= gib)
-            self.free -= gib
-
-    def release(self, gib: float) -> None:
-        with self.cond:
-            self.free += gib
-            self.cond.notify_all()
-
-
 def card_gib() -> float:
     """This GPU's memory in GiB (torch in the runner alone: the cells start their own processes)."""
     import torch
@@ -250,38 +231,48 @@ def card_gib() -> float:
 
 
 def run_cells(cells: list[Cell], out: Path, parallel: int, budget: float) -> list[dict]:
-    """Run every cell (longest first); one row per cell, in the order the cells finish."""
-    memory = GpuMemory(max(0.85 * card_gib(), max(c.gib for c in cells)))
+    """Run every cell, at most `parallel` at once and within the card's memory; one row per cell, in
+    the order the cells finish.
+
+    The next cell to start is the first in the queue (those that hold most of the card, then the
+    longest) whose memory fits what the running cells leave: a large cell waits for room without
+    holding a slot, and the small ones run meanwhile.
+    """
+    free = max(0.85 * card_gib(), max(c.gib for c in cells))
+    queue = sorted(cells, key=lambda c: (-(c.gib >= 8), -c.seconds))
     deadline = time.monotonic() + budget
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     rows: list[dict] = []
 
     def one(cell: Cell) -> dict:
-        memory.hold(cell.gib)
+        left = deadline - time.monotonic()
+        if left < 10:
+            return {"cell": cell.name, "passed": False, "seconds": 0.0, "detail": "not started: budget spent"}
+        cell.out.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
         try:
-            left = deadline - time.monotonic()
-            if left < 10:
-                return {"cell": cell.name, "passed": False, "seconds": 0.0, "detail": "not started: budget spent"}
-            folder = cell.out
-            folder.mkdir(parents=True, exist_ok=True)
-            start = time.monotonic()
-            try:
-                proc = subprocess.run(cell.command, cwd=REPO, env={**env, "OMP_NUM_THREADS": "1", **cell.env},
-                                      capture_output=True, text=True, timeout=left)  # fmt: skip
-                (folder / "log.txt").write_text(proc.stdout + proc.stderr)
-                passed, detail = cell.judge(proc, folder)
-            except subprocess.TimeoutExpired:
-                passed, detail = False, f"ran past the budget ({budget:.0f} s)"
-            return {"cell": cell.name, "passed": passed, "seconds": round(time.monotonic() - start, 1),
-                    "detail": detail}  # fmt: skip
-        finally:
-            memory.release(cell.gib)
+            proc = subprocess.run(cell.command, cwd=REPO, env={**env, "OMP_NUM_THREADS": "1", **cell.env},
+                                  capture_output=True, text=True, timeout=left)  # fmt: skip
+            (cell.out / "log.txt").write_text(proc.stdout + proc.stderr)
+            passed, detail = cell.judge(proc, cell.out)
+        except subprocess.TimeoutExpired:
+            passed, detail = False, f"ran past the budget ({budget:.0f} s)"
+        return {"cell": cell.name, "passed": passed, "seconds": round(time.monotonic() - start, 1), "detail": detail}
 
+    running: dict[Future, Cell] = {}
     with ThreadPoolExecutor(parallel) as pool:
-        # The cells that hold most of the card first (they queue for memory), then the longest.
-        for row in pool.map(one, sorted(cells, key=lambda c: (-(c.gib >= 8), -c.seconds))):
-            rows.append(row)
-            print(f"{'passed' if row['passed'] else 'FAILED'} {row['seconds']:6.1f} s  {row['cell']}", flush=True)
+        while queue or running:
+            for cell in list(queue):
+                if len(running) < parallel and cell.gib <= free:
+                    queue.remove(cell)
+                    free -= cell.gib
+                    running[pool.submit(one, cell)] = cell
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                free += running.pop(future).gib
+                row = future.result()
+                rows.append(row)
+                print(f"{'passed' if row['passed'] else 'FAILED'} {row['seconds']:6.1f} s  {row['cell']}", flush=True)
     return rows
 
 
