@@ -26,7 +26,7 @@ from typing import Any, get_type_hints
 from .caller import command_line
 from .config import TrainConfig, coerce, load_config_file, parse_bool
 from .errors import UsageError, on_every_rank
-from .launch.watch import exit_orphaned, local_main_process, orphaned
+from .launch.launcher_watch import exit_orphaned, local_main_process, orphaned
 from .training.preemption import EXIT_PREEMPTED, Preempted
 
 EXIT_USAGE = 2
@@ -193,7 +193,7 @@ def settle_collector(own_process: bool) -> None:
 
 
 # Modules that add their own subcommands through `register(subparsers)`.
-SUBCOMMAND_MODULES = ("export.predict", "report", "shipped", "report.estimate")
+SUBCOMMAND_MODULES = ("export.predict", "report", "shipped", "report.estimate_command")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

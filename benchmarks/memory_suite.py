@@ -1,7 +1,7 @@
 """The memory suites: every strategy's model states per process, measured against predicted, and the peak.
 
 Each row is one `accel-mnist train` launch; what is read is its results.json `memory`
-(accel_mnist/memory/watch.py counts the tensors, model_states.py predicts them). The
+(accel_mnist/memory/memory_watch.py counts the tensors, model_states.py predicts them). The
 suite README gets one table: per row the process holding most, its parameters, gradients,
 optimizer states and offloaded states measured / predicted, the peak, and the peak's overhead
 above the model states on the device (activations, communication buckets, the data on the

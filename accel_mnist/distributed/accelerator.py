@@ -22,6 +22,7 @@ from accelerate.utils import AutocastKwargs, GradientAccumulationPlugin, InitPro
 from ..config import AUTO_BATCH, TrainConfig
 from ..errors import UsageError
 from ..launch.elastic import join_restarted_group
+from ..launch.launcher_watch import watch_launcher
 from ..launch.launchers import (
     WITHOUT_DEEPSPEED,
     env_flag,
@@ -31,7 +32,6 @@ from ..launch.launchers import (
 )
 from ..launch.optim_sections import check_deepspeed_optim
 from ..launch.settings import LaunchSettings, check_launch
-from ..launch.watch import watch_launcher
 from .deepspeed_ops import align_cuda_arch_list
 from .deepspeed_plugin import fresh_json_values, process_deepspeed_plugin
 from .strategy import Strategy

@@ -12,7 +12,7 @@ from accelerate.logging import get_logger
 from ..config import TrainConfig
 from ..errors import UsageError
 from .deepspeed_optim import build_optimizer, build_scheduler
-from .step import allocate_optimizer_state, ddp_side_stream, direct_steps
+from .direct_step import allocate_optimizer_state, ddp_side_stream, direct_steps
 from .strategy import Strategy
 
 logger = get_logger(__name__)

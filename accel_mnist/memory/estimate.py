@@ -1,5 +1,5 @@
 """The estimate's core: what each process holds under every strategy, and its peak, for a model
-built on the meta device (`accel-mnist estimate`, report/estimate.py, prints it).
+built on the meta device (`accel-mnist estimate`, report/estimate_command.py, prints it).
 
 The model states are model_states.predict's and the peak peak.predict_peak's, the code that
 also fills `predicted` in a run's results.json: for the same model, strategy, processes,

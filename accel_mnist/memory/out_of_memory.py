@@ -23,9 +23,9 @@ from accelerate import Accelerator
 from ..caller import setting
 from ..errors import OutOfMemory
 from .allocator import EXPANDABLE, expandable_segments
+from .memory_watch import MemoryWatch
 from .model_states import STRATEGIES, format_bytes
 from .peak import FIT_SHARE, fits, largest_batch, phases, predict_peak
-from .watch import MemoryWatch
 
 # torch's sizes in its out-of-memory message (c10's format_size: "512 bytes", "20.00 MiB", "2.00 GiB").
 _SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB)"

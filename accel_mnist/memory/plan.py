@@ -6,7 +6,7 @@ at three small batches; the meta-device trace runs beside it and is kept as
 neither can be trusted the plan says so in one line (`unpredicted`) instead of a number:
 FSDP's activation checkpointing (it recomputes what the probe's plain copy keeps), a probe
 whose points are not on a line, a model neither can run. On a CPU nothing is predicted (a
-run's peak there is the process's resident memory, counted by watch.py).
+run's peak there is the process's resident memory, counted by memory_watch.py).
 
 `batch_size: auto` takes the largest per-process batch whose predicted peak fits
 peak.FIT_SHARE of what this process's allocator can reach (probe.available), from the

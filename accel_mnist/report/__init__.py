@@ -7,7 +7,7 @@ matplotlib is imported inside the functions that draw, so that `accel-mnist --he
 training CLI never pay for it; figures are built as `matplotlib.figure.Figure` objects and
 saved through the Agg canvas, without pyplot's global state (safe in any thread, no display).
 
-Beside it in this package: memory.py (the memory part of the report), estimate.py (`accel-mnist
+Beside it in this package: memory.py (the memory part of the report), estimate_command.py (`accel-mnist
 estimate`, the model states predicted before any run) and tables.py (the commands' text tables).
 """
 

@@ -1,6 +1,6 @@
 """The memory part of `accel-mnist report`: a table of every run's model states and peaks, and a chart per run.
 
-Read from results.json's `memory` (memory/watch.py writes it): each process's parameters,
+Read from results.json's `memory` (memory/memory_watch.py writes it): each process's parameters,
 gradients, optimizer states and offloaded states, measured beside predicted, and its peaks.
 matplotlib is imported inside the drawing function only; nothing here imports torch.
 """

@@ -8,6 +8,9 @@ the process that should write it. A write the storage refuses stops every rank w
 StorageError. Every node must see the same directory: checkpoints hold one file per rank and
 results are written by rank 0 alone, so a directory that is not shared is refused before
 training starts.
+
+config.json is the config that ran, `batch_size: auto` settled into the batch it chose: it says
+what ran, and `accel-mnist train --config <output-dir>/config.json` runs it again.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from ..caller import setting
-from ..config import TrainConfig
+from ..config import AUTO_BATCH, TrainConfig
 from ..data.catalog import resolve_data_dir
 from ..distributed.consensus import agree, gather_ints, seen_by_every_node
 from ..errors import UsageError
@@ -114,8 +117,7 @@ class RunDir:
         saved = read_json_if_valid(self.dir / outputs.CONFIG_FILE)
         if not isinstance(results, dict) or not isinstance(saved, dict):
             return None
-        now = self.config.to_dict()
-        return results if all(saved.get(k) == now[k] for k in _FINISHED_KEYS) else None
+        return results if same_run(saved, results, self.config.to_dict()) else None
 
     def _check_fresh_start(self, resuming: bool) -> None:
         """Refuse to start afresh over an earlier run's results or checkpoints."""
@@ -143,10 +145,13 @@ class RunDir:
 
     # -- from here on the directory is written ----------------------------------------------
 
-    def open(self, plan: Plan) -> None:
+    def open(self, plan: Plan, config: TrainConfig) -> None:
         """Create the directory, check that every node sees it, and clear what this run replaces:
-        after a resume, the checkpoints and metrics rows past its step; otherwise all of them."""
+        after a resume, the checkpoints and metrics rows past its step; otherwise all of them. Then
+        record `config`, the config the run uses (`batch_size: auto` settled), in config.json and in
+        the trackers' (which write under the directory too)."""
         acc = self.accelerator
+        self.config = config  # from here on the directory is the settled run's
         resume_step = plan.state.get("step", 0) if plan.state is not None else None
 
         def create() -> None:
@@ -185,6 +190,9 @@ class RunDir:
             (self.dir / outputs.PREEMPTED_FILE).unlink(missing_ok=True)
 
         agree(acc, clear)  # also the barrier: no rank writes before the directory is ready
+        if config.report_to != "none":
+            tracked = {k: "none" if v is None else v for k, v in config.to_dict().items()}
+            acc.init_trackers("accel_mnist", config=tracked)
 
     def _on_main(self, write: Callable[[], object]) -> None:
         """`write()` on the main process; a StorageError there stops every rank alike."""
@@ -206,6 +214,17 @@ class RunDir:
     def write_results(self, results: dict[str, Any]) -> None:
         """Write results.json atomically (main process)."""
         self._on_main(lambda: write_json_atomic(self.dir / outputs.RESULTS_FILE, results))
+
+
+def same_run(saved: dict[str, Any], results: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether the finished run of `saved` (its config.json) and `results` (its results.json) is the one the
+    config `now` asks for, so that `--resume-from auto` returns it. config.json names the batch that ran;
+    `batch_size: auto` asks for the batch auto chose, which results.json's `batch_size_auto` says it was (a
+    directory written before config.json named the batch saved auto itself, as 0)."""
+    chosen_by_auto = results.get("batch_size_auto") is True or saved.get("batch_size") == AUTO_BATCH
+    if now["batch_size"] == AUTO_BATCH and chosen_by_auto:
+        saved = {**saved, "batch_size": AUTO_BATCH}
+    return all(saved.get(k) == now[k] for k in _FINISHED_KEYS)
 
 
 def _describe(kind: int, step: int) -> str:

@@ -15,6 +15,7 @@ from ..distributed import consensus
 from ..distributed.accelerator import set_batch
 from ..distributed.option_rules import capture_refusal
 from ..distributed.strategy import Strategy
+from ..memory.memory_watch import setup_of, trainable_numels
 from ..memory.plan import (
     CAPTURED,
     PeakPlan,
@@ -25,7 +26,6 @@ from ..memory.plan import (
     trace_gap_line,
 )
 from ..memory.probe import available, probe_batches
-from ..memory.watch import setup_of, trainable_numels
 from ..optim import optimizer_class_name
 from .inputs import RunData
 from .step import batch_loss

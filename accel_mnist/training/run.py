@@ -21,7 +21,7 @@ from ..distributed.option_rules import eager_line
 from ..distributed.strategy import Strategy
 from ..errors import NonFiniteLossError, on_every_rank
 from ..evaluation import evaluate
-from ..memory.watch import MemoryWatch
+from ..memory.memory_watch import MemoryWatch
 from ..optim import is_constant
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir

@@ -11,7 +11,7 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
-from ..config import TrainConfig
+from ..config import AUTO_BATCH, TrainConfig
 from ..distributed import consensus
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
@@ -23,7 +23,8 @@ from ..distributed.option_rules import (
 from ..distributed.prepare import prepare
 from ..distributed.strategy import Strategy
 from ..memory.allocator import settings as allocator_settings
-from ..memory.watch import MemoryWatch, trainable_numels
+from ..memory.memory_watch import MemoryWatch, trainable_numels
+from ..memory.plan import PeakPlan
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
 from .cadence import Cadence
@@ -65,6 +66,7 @@ def start_run(
         run_data = load_run_data(config, own)
     built = run_model(accelerator, strategy, config, model, run_data)
     model = built.module
+    asked = config  # as given: the memory plan settles `batch_size: auto`, and `config` is the run's from here on
     config, peak = plan_memory(accelerator, config, strategy, model, run_data, was.config if resume else None)
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
@@ -73,17 +75,12 @@ def start_run(
     total_steps = cadence.total_steps
     described = _describe(accelerator, config, progress, was, resume, strategy, total_steps, run_data, built)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
-    run_dir.open(plan)
-    if config.report_to != "none":
-        accelerator.init_trackers(
-            "accel_mnist", config={k: "none" if v is None else v for k, v in described.config.items()}
-        )
-    facts = _setup_facts(accelerator, config, built, strategy, data)
+    run_dir.open(plan, config)
+    facts = _setup_facts(accelerator, asked, config, built, strategy, data, peak)
     if config.prewarm:
         facts["prewarm_seconds"] = prewarm_run(
             accelerator, strategy, config, model, data, len(run_data.train), described.input_shape
         )
-    facts["probe_seconds"] = peak.probe_seconds
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
     peak = peak.with_data_bytes(data.device_bytes())
     # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
@@ -131,21 +128,28 @@ def _describe(
 
 def _setup_facts(
     accelerator: Accelerator,
+    asked: TrainConfig,
     config: TrainConfig,
     built: RunModel,
     strategy: Strategy,
     data: Loaders,
+    peak: PeakPlan,
 ) -> dict[str, Any]:
-    """What results.json says about the setup; the prewarm's seconds are filled in as it runs. Its
-    `changes`: each way the run differs from what the config asked, said here in one line."""
+    """What results.json says about the setup of the run of `config` (`asked`: the config as given, before
+    `batch_size: auto` was settled); the prewarm's seconds are filled in as it runs. Its `changes`: each
+    way the run differs from what the config asked, said here in one line."""
     facts = {
         **built.facts,
         "batch_size": config.batch_size,  # per process: the number `batch_size: auto` chose
+        # What lets `--resume-from auto` return this finished run to a `batch_size: auto` request
+        # (run/directory.py): config.json names the batch alone.
+        "batch_size_auto": asked.batch_size == AUTO_BATCH,
         "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
         **strategy.fields(),
         "data_loader": data.kind,
         "allocator_settings": allocator_settings(),
         "prewarm_seconds": 0.0,
+        "probe_seconds": peak.probe_seconds,
         "versions": versions(),
         "changes": [],
     }

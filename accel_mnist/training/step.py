@@ -31,7 +31,7 @@ step runs and `why_eager` says why, in one line. What capture changes, and what 
   graph holds the whole step, DDP's collectives included: the buffer broadcast of its forward
   and the gradient all-reduce of its backward are replayed each step, into the same bucket
   tensors. The reducer's host bookkeeping (marking gradients ready, launching buckets) runs
-  once, at capture. DDP is built on a side stream (distributed/step.py, `ddp_side_stream`) and
+  once, at capture. DDP is built on a side stream (distributed/direct_step.py, `ddp_side_stream`) and
   warmed up for 11 iterations, not 3: eight more eager steps in `capture_seconds`. At world
   size 1 (torchrun --nproc_per_node 1) Accelerate sets up MULTI_GPU but wraps no DDP: the plain
   module is captured, after the same side stream and warm-up.
@@ -48,8 +48,8 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import TrainConfig
+from ..distributed.direct_step import MicroStep, captures_under_ddp, torch_optimizer
 from ..distributed.option_rules import capture_refusal, channels_last_change, eager_line
-from ..distributed.step import MicroStep, captures_under_ddp, torch_optimizer
 from ..distributed.strategy import Strategy
 from ..model_output import logits_of
 

@@ -11,8 +11,8 @@ from accelerate.utils import DistributedType, DynamoBackend
 
 from accel_mnist import TrainConfig
 from accel_mnist.config import OPTIMIZERS
+from accel_mnist.distributed.direct_step import captures_under_ddp, ddp_side_stream
 from accel_mnist.distributed.option_rules import capture_refusal
-from accel_mnist.distributed.step import captures_under_ddp, ddp_side_stream
 from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.optim import build_optimizer, optimizer_class_name
 from accel_mnist.training.step import (

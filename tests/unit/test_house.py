@@ -1,5 +1,6 @@
 """The package's layout, read from its code: what a strategy does is known in its own rooms only,
-and no module imports another that imports it back.
+no module imports another that imports it back, no function is longer than the house's limit and
+no two modules share a name.
 
 Outside distributed/ (the strategy's room), launch/ and memory/, code asks the `Strategy` value
 (distributed/strategy.py) instead of looking at Accelerate's distributed type or plugins: a second
@@ -10,6 +11,7 @@ strategy prepares the model crashed under FSDP2 at 16 bits).
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 from tests.helpers import REPO
@@ -112,3 +114,57 @@ def test_no_module_imports_one_that_imports_it_back():
         if name not in done:
             visit(name, [name])
     assert circles == []
+
+
+# The house's limit on a function or method, counted as `function_lengths` says.
+MAX_FUNCTION_LINES = 60
+# Names Python gives a module's job itself: a package's (`__init__.py`) and `python -m`'s (`__main__.py`).
+SHARED_BY_RULE = ("__init__.py", "__main__.py")
+
+
+def function_lengths(source: str) -> dict[str, int]:
+    """Each function's and method's length in `source`, by its qualified name: its lines from the `def`
+    to the last line of its body, docstring, comments and blank lines inside included (the function
+    as a reader reads it), its decorators not. A nested function counts in its own right and inside
+    the one around it."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}{child.name}"
+                lengths[f"{name}:{child.lineno}"] = (child.end_lineno or child.lineno) - child.lineno + 1
+            elif isinstance(child, ast.ClassDef):
+                name = f"{prefix}{child.name}"
+            visit(child, f"{name}." if name != prefix else prefix)
+
+    visit(ast.parse(source), "")
+    return lengths
+
+
+def test_the_length_counts_from_def_to_the_bodys_last_line():
+    sample = (
+        '@decorated\ndef f(\n    x,\n):\n    """Doc.\n\n    More."""\n\n    # why\n    return x\n\n\n'
+        "class C:\n    def m(self):\n        def inner():\n            pass\n        return inner\n"
+    )
+    assert function_lengths(sample) == {"f:2": 9, "C.m:14": 4, "C.m.inner:15": 2}
+
+
+def test_no_function_is_longer_than_the_house_limit():
+    long = {
+        f"{name}.{function}": lines
+        for name, path in _modules().items()
+        for function, lines in function_lengths(path.read_text()).items()
+        if lines > MAX_FUNCTION_LINES
+    }
+    assert long == {}, f"over {MAX_FUNCTION_LINES} lines: move a stage into the component that owns it"
+
+
+def test_no_two_modules_share_a_basename():
+    # Two step.py or two watch.py make every mention of one ("see watch.py") a guess.
+    by_name = defaultdict(list)
+    for name, path in _modules().items():
+        if path.name not in SHARED_BY_RULE:
+            by_name[path.name].append(name)
+    assert {base: names for base, names in by_name.items() if len(names) > 1} == {}

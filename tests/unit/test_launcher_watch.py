@@ -21,7 +21,7 @@ WORKER = textwrap.dedent(
     """
     import os, sys, time
     from accel_mnist import cli
-    from accel_mnist.launch import watch as launcher_watch
+    from accel_mnist.launch import launcher_watch
 
     launcher_watch.WATCH_SECONDS = 120
     assert launcher_watch.watch_launcher()

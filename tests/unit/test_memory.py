@@ -13,8 +13,8 @@ from accel_mnist.cli import main
 from accel_mnist.config import TrainConfig
 from accel_mnist.errors import ConfigError
 from accel_mnist.memory.estimate import estimate
+from accel_mnist.memory.memory_watch import MemoryWatch, trainable_numels
 from accel_mnist.memory.model_states import KINDS, STRATEGIES, Setup, format_bytes, predict, summary_line
-from accel_mnist.memory.watch import MemoryWatch, trainable_numels
 from accel_mnist.models import MLP, build_model, mlp_num_parameters
 from accel_mnist.report.memory import memory_of, memory_table, write_memory_charts
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from accel_mnist.memory.memory_watch import MemoryWatch
 from accel_mnist.memory.model_states import Setup
 from accel_mnist.memory.out_of_memory import (
     advice,
@@ -21,7 +22,6 @@ from accel_mnist.memory.out_of_memory import (
     requested_bytes,
 )
 from accel_mnist.memory.peak import FIT_SHARE, MIB, PeakInputs, largest_batch, predict_peak
-from accel_mnist.memory.watch import MemoryWatch
 
 GIB = 1 << 30
 ROOM = 2 * GIB

@@ -175,3 +175,51 @@ def test_a_batch_settled_after_the_accelerator_is_built_reaches_deepspeeds_confi
                               num_processes=4), 300)  # fmt: skip
     assert ds == {"train_micro_batch_size_per_gpu": 300, "train_batch_size": 2400}
     set_batch(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), 300)  # no DeepSpeed: nothing to write
+
+
+def test_a_finished_run_is_returned_to_auto_where_auto_chose_its_batch():
+    from accel_mnist.run.directory import same_run
+
+    asked = TrainConfig(batch_size="auto").to_dict()  # type: ignore[arg-type]
+    ran = TrainConfig(batch_size=512).to_dict()  # config.json: the batch that ran
+    assert same_run(ran, {"batch_size_auto": True}, asked)
+    assert not same_run(ran, {"batch_size_auto": False}, asked)  # 512 was asked for: not auto's choice
+    assert not same_run(ran, {}, asked)
+    assert same_run(ran, {"batch_size_auto": True}, ran)  # asking for the batch auto chose is the same run
+    assert not same_run(ran, {"batch_size_auto": True}, TrainConfig(batch_size=256).to_dict())
+    assert not same_run(ran, {"batch_size_auto": True}, {**asked, "model": "mlp"})
+    assert same_run({**ran, "batch_size": AUTO_BATCH}, {}, asked)  # a directory that saved auto itself, as 0
+
+
+def test_a_batch_size_auto_run_saves_the_batch_it_ran_and_is_found_again(synthetic_mnist, tmp_path, monkeypatch):
+    import json
+
+    from accel_mnist import train
+    from accel_mnist.cli import main
+    from accel_mnist.training import memory_plan
+
+    settled: list[int] = []
+
+    def settle(plan, numels, setup, room, samples, probe_at, agreed):  # what the GPU's probe would choose
+        settled.append(32)
+        return plan, 32, "batch size auto: 32 per process"
+
+    monkeypatch.setattr(memory_plan, "settle_auto_batch", settle)
+    out = tmp_path / "run"
+    config = TrainConfig(model="linear", data_dir=str(synthetic_mnist), download=False, quiet=True, export=False,
+                         plots=False, output_dir=str(out), max_steps=4, eval_every=4, batch_size="auto",  # type: ignore[arg-type]
+                         resume_from="auto")  # fmt: skip
+    first = train(config)
+    assert json.loads((out / "config.json").read_text()) == config.replace(batch_size=32).to_dict()
+    assert (first["batch_size"], first["batch_size_auto"], settled) == (32, True, [32])
+    assert train(config) == first and settled == [32]  # finished: returned as it is, nothing settled again
+    (out / "results.json").unlink()  # as if killed after its last checkpoint: it resumes at the checkpoint's batch
+    assert train(config.replace(max_steps=8))["steps"] == 8 and settled == [32]
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 32
+    # The saved config is one the command takes, and it trains that batch again, as asked for by number.
+    again = tmp_path / "again"
+    assert main(["train", "--config", str(out / "config.json"), "--output-dir", str(again), "--max-steps", "4"]) == 0
+    results = json.loads((again / "results.json").read_text())
+    assert (results["batch_size"], results["batch_size_auto"], settled) == (32, False, [32])
+    ordinary = json.loads((out / "config.json").read_text()) | {"output_dir": str(again), "max_steps": 4}
+    assert json.loads((again / "config.json").read_text()) == ordinary  # a run of a number saves its config as given

@@ -9,7 +9,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 
-from accel_mnist.distributed.step import DirectStep, MicroStep, direct_steps
+from accel_mnist.distributed.direct_step import DirectStep, MicroStep, direct_steps
 
 
 def _prepared(scaler=None):
