@@ -29,7 +29,7 @@ test-fast: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS) tests/unit
 
 # The GPU tier on a machine with a CUDA GPU, as cells sharing the card (tests/gpu_suite.py): the
-# quick suite in under nine minutes, or with SHARD=k/n shard k of the rest (SHARD=1/3, 2/3, 3/3).
+# quick suite within a 530 s budget, or with SHARD=k/n shard k of the rest (SHARD=1/3, 2/3, 3/3).
 # The table goes to $(GPU_OUT)/gpu_suite.md. Outside a venv (a GPU machine with the packages
 # installed otherwise) it runs with python3.
 GPU_OUT ?= outputs/gpu

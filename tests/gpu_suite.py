@@ -1,5 +1,6 @@
-"""The GPU tier as cells that share one GPU: `make test-gpu` (the quick suite, one command of under
-nine minutes on one H100 or H200) and `make test-gpu SHARD=k/n` (the rest, in n shards).
+"""The GPU tier as cells that share one GPU: `make test-gpu` (the quick suite, one command within a
+530 s budget, meant to be green in nine minutes on one H100 or H200) and `make test-gpu SHARD=k/n`
+(the rest, in n shards).
 
     python -m tests.gpu_suite --out DIR [--shard k/n] [--parallel N] [--budget SECONDS]
 
