@@ -1,8 +1,8 @@
 """The training step: eager, or captured once as a CUDA graph and replayed.
 
-A small model's optimizer step on an H200 is mostly kernel launches: the fast recipe's
-BatchNorm CNN at batch 512 takes about 3.0 ms eager and 1.4 ms replayed as one graph in
-channels-last (issue 21's measurements; benchmarks/README.md has this project's own).
+A small model's optimizer step on a GPU is mostly kernel launches: the fast recipe's
+BatchNorm CNN at batch 512 takes about twice as long eager as replayed as one graph in
+channels-last (the measurements: benchmarks/README.md).
 With `cuda_graph`, the forward, backward and optimizer step are recorded once and each step
 then copies its batch into static input buffers and replays them: one launch per step.
 
