@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 _COMMAND_LINE: ContextVar[bool] = ContextVar("accel_mnist_command_line", default=False)
-# Flags spelt otherwise than `--` + the field with dashes: DeepSpeed's own spelling, which cli.py also takes
-# and DeepSpeed users know.
-_FLAGS = {"deepspeed_config": "--deepspeed_config"}
+# Flags spelt otherwise than `--` + the field with dashes: DeepSpeed's own spelling, which DeepSpeed's
+# scripts and `deepspeed.add_config_arguments` use and DeepSpeed users know. cli.py takes it beside the
+# dashed flag; messages name it so.
+FLAG_SPELLINGS = {"deepspeed_config": "--deepspeed_config"}
 _UNSET = object()
 
 
@@ -37,7 +38,7 @@ def setting(name: str, value: object = _UNSET, *, again: bool = False) -> str:
     without a value, the flag or the field alone. `again`: as advice to run once more with it ("the same
     command with --resume-from auto", "train() with resume_from="auto")."""
     if _COMMAND_LINE.get():
-        flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+        flag = FLAG_SPELLINGS.get(name, "--" + name.replace("_", "-"))
         if value is _UNSET or value is True:
             text = flag
         else:

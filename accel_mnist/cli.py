@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
-from .caller import command_line
+from .caller import FLAG_SPELLINGS, command_line
 from .config import TrainConfig, coerce, load_config_file, parse_bool
 from .errors import UsageError, on_every_rank
 from .launch.launcher_watch import exit_orphaned, local_main_process, orphaned
@@ -58,9 +58,9 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(_finish(f"error: {message} (see '{self.prog} --help')", EXIT_USAGE))
 
 
-# Other spellings of a field's flag: DeepSpeed's scripts and `deepspeed.add_config_arguments` say
-# --deepspeed_config, and a command line written for them should run unchanged.
-_ALIASES = {"deepspeed_config": ("--deepspeed_config",)}
+# Other spellings of a field's flag (caller.FLAG_SPELLINGS: --deepspeed_config): a command line
+# written for DeepSpeed's scripts should run unchanged.
+_ALIASES = {name: (flag,) for name, flag in FLAG_SPELLINGS.items()}
 
 
 class _BoolFlag(argparse.Action):
