@@ -27,6 +27,14 @@ def expandable_segments(env: MutableMapping[str, str] | None = None) -> bool:
     return any(item.replace(" ", "").lower() == EXPANDABLE.lower() for item in settings.split(","))
 
 
+def run_expands_segments(env: MutableMapping[str, str] | None = None) -> bool:
+    """Whether a run started from this process expands segments: the user asked for it in `env`, or
+    default_settings will (neither variable set, CUDA not started yet)."""
+    env = os.environ if env is None else env
+    unset = not any(env.get(name) for name in VARIABLES)
+    return expandable_segments(env) or (unset and not torch.cuda.is_initialized())
+
+
 def default_settings(env: MutableMapping[str, str] | None = None) -> None:
     """Ask for expandable segments where neither variable is set and CUDA has not started in this process
     (once it has, the allocator has read its settings and the run keeps torch's defaults)."""

@@ -62,7 +62,7 @@ def estimate(
             peak_bytes = predict_peak(numels, setup, inputs)
             out[strategy]["peak_allocated_bytes"] = peak_bytes
             if capacity is not None:
-                out[strategy]["fits"] = fits(peak_bytes, capacity)
+                out[strategy]["fits"] = fits(numels, setup, inputs, capacity)
                 out[strategy]["largest_batch"] = largest_batch(numels, setup, inputs, capacity)
     return out
 

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from .activations import trace
-from .peak import MAX_LIVE, REDUCE_BUCKET, PeakInputs
+from .allocator import run_expands_segments
+from .peak import FRAGMENTATION, MAX_LIVE, REDUCE_BUCKET, PeakInputs
 from .probe import Probe
 
 CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
@@ -60,6 +61,7 @@ def strategy_inputs(
         reduce_bucket_size=number("reduce_bucket_size", REDUCE_BUCKET),
         reduce_buckets=2 if zero.get("overlap_comm") is True else 1,
         max_live_parameters=number("stage3_max_live_parameters", MAX_LIVE),
+        fragmentation=0.0 if run_expands_segments() else FRAGMENTATION,
     )
 
 

@@ -8,7 +8,8 @@ FSDP's activation checkpointing (it recomputes what the probe's plain copy keeps
 whose points are not on a line, a model neither can run. On a CPU nothing is predicted (a
 run's peak there is the process's resident memory, counted by memory_watch.py).
 
-`batch_size: auto` takes the largest per-process batch whose predicted peak fits
+`batch_size: auto` takes the largest per-process batch whose predicted peak, with room for the
+allocator's fragmentation (peak.reserved_peak), fits
 peak.FIT_SHARE of what this process's allocator can reach (probe.available), from the
 prediction alone: nothing is tried until it stops running out of memory.
 """
@@ -29,7 +30,7 @@ from ..distributed.option_rules import SIXTEEN_BIT
 from ..distributed.strategy import Strategy
 from ..errors import UsageError
 from .model_states import Setup, format_bytes
-from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak
+from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak, reserved_peak
 from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
 from .probe import Probe, measure, probe_batches
 
@@ -209,10 +210,11 @@ def auto_batch(plan: PeakPlan, numels: list[int], setup: Setup, room: int, sampl
 def auto_line(plan: PeakPlan, numels: list[int], setup: Setup, room: int, batch: int, samples: int) -> str:
     """The line that says which batch `batch_size: auto` took, and why."""
     assert plan.inputs is not None
-    peak = predict_peak(numels, setup, plan.inputs.at_batch(batch))
+    inputs = plan.inputs.at_batch(batch)
+    peak, reserved = predict_peak(numels, setup, inputs), reserved_peak(numels, setup, inputs)
     line = (f"batch size auto: {batch:,} per process, the largest whose predicted peak ({format_bytes(peak)}, "
-            f"from the {plan.inputs.source}) fits {FIT_SHARE:.0%} of the {format_bytes(room)} this process may use "
-            f"under {setup.label}")  # fmt: skip
+            f"from the {plan.inputs.source}) with {format_bytes(reserved - peak)} for the allocator's fragmentation "
+            f"fits {FIT_SHARE:.0%} of the {format_bytes(room)} this process may use under {setup.label}")  # fmt: skip
     return line + (f" (capped at the {samples:,} training samples per process)" if batch == samples else "")
 
 

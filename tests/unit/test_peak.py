@@ -17,7 +17,17 @@ from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.memory.activations import trace
 from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, meta_model
 from accel_mnist.memory.model_states import STRATEGIES, Setup
-from accel_mnist.memory.peak import FIT_SHARE, MIB, WORKSPACES, PeakInputs, largest_batch, phases, predict_peak
+from accel_mnist.memory.peak import (
+    FIT_SHARE,
+    FRAGMENTATION,
+    MIB,
+    WORKSPACES,
+    PeakInputs,
+    largest_batch,
+    phases,
+    predict_peak,
+    reserved_peak,
+)
 from accel_mnist.memory.peak_inputs import inputs_for
 from accel_mnist.models import build_model
 
@@ -92,11 +102,17 @@ def test_the_largest_batch_is_the_boundary_of_the_prediction():
     numels = [p.numel() for p in module.parameters()]
     inputs = inputs_for(module, batch_size=512, eval_batch_size=1000, mixed_precision="bf16", optimizer="adam",
                         data_bytes=MNIST_DEVICE_BYTES)  # fmt: skip
+    inputs = replace(inputs, fragmentation=FRAGMENTATION)  # a run whose allocator does not expand segments
     setup, capacity = Setup(mixed_precision="bf16"), 2 << 30
     batch = largest_batch(numels, setup, inputs, capacity)
     assert 1000 < batch < 20_000
-    assert predict_peak(numels, setup, inputs.at_batch(batch)) <= FIT_SHARE * capacity
-    assert predict_peak(numels, setup, inputs.at_batch(batch + 1)) > FIT_SHARE * capacity
+    assert reserved_peak(numels, setup, inputs.at_batch(batch)) <= FIT_SHARE * capacity
+    assert reserved_peak(numels, setup, inputs.at_batch(batch + 1)) > FIT_SHARE * capacity
+    # The reserve is the allocated peak and the room its activations leave split.
+    at = inputs.at_batch(batch)
+    assert reserved_peak(numels, setup, at) == predict_peak(numels, setup, at) + int(
+        FRAGMENTATION * at.train_activations
+    )
     assert largest_batch(numels, setup, inputs, 100 * MIB) == 0  # the data alone is more
 
 
@@ -106,7 +122,8 @@ def test_estimate_fits_names_the_strategies_and_their_largest_batch(capsys):
     rows = json.loads(capsys.readouterr().out)["per_process"]
     assert set(rows) == set(STRATEGIES)
     for row in rows.values():
-        assert row["fits"] == (row["peak_allocated_bytes"] <= FIT_SHARE * 4e9)
+        # A fit also leaves the allocator room for fragmentation: the allocated peak alone is below the share.
+        assert not row["fits"] or row["peak_allocated_bytes"] < FIT_SHARE * 4e9
         assert row["fits"] == (row["largest_batch"] >= 8192)
     # ZeRO's reduce bucket (1e9 bytes at fp16) costs DDP's batch room.
     assert rows["ddp"]["largest_batch"] > rows["zero2"]["largest_batch"] > 0

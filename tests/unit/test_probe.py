@@ -3,14 +3,17 @@ allocator's default, on the CPU: the measurement itself needs a GPU (tests/gpu/t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from torch import nn
 
 from accel_mnist.config import AUTO_BATCH, TrainConfig, coerce
 from accel_mnist.errors import ConfigError, UsageError
-from accel_mnist.memory.allocator import default_settings, expandable_segments, settings
+from accel_mnist.memory.allocator import default_settings, expandable_segments, run_expands_segments, settings
 from accel_mnist.memory.model_states import Setup
-from accel_mnist.memory.peak import FIT_SHARE, MIB, PeakInputs, predict_peak
-from accel_mnist.memory.peak_inputs import probed
+from accel_mnist.memory.peak import FIT_SHARE, FRAGMENTATION, MIB, PeakInputs, predict_peak, reserved_peak
+from accel_mnist.memory.peak_inputs import probed, strategy_inputs
 from accel_mnist.memory.plan import PeakPlan, auto_batch, auto_line, global_batch, settle_auto_batch, trace_gap_line
 from accel_mnist.memory.probe import Line, Probe, fit, probe_batches
 
@@ -64,8 +67,8 @@ def test_auto_batch_is_the_largest_whose_prediction_fits_and_says_so():
     plan = PeakPlan(inputs=probed(base(), probe(), 64, 1000))
     room = 2 << 30
     batch = auto_batch(plan, NUMELS, SETUP, room, samples=60_000)
-    assert predict_peak(NUMELS, SETUP, plan.inputs.at_batch(batch)) <= FIT_SHARE * room
-    assert predict_peak(NUMELS, SETUP, plan.inputs.at_batch(batch + 1)) > FIT_SHARE * room
+    assert reserved_peak(NUMELS, SETUP, plan.inputs.at_batch(batch)) <= FIT_SHARE * room
+    assert reserved_peak(NUMELS, SETUP, plan.inputs.at_batch(batch + 1)) > FIT_SHARE * room
     line = auto_line(plan, NUMELS, SETUP, room, batch, 60_000)
     assert line.startswith(f"batch size auto: {batch:,} per process") and "from the probe" in line
     assert "capped" not in line
@@ -147,6 +150,21 @@ def test_expandable_segments_by_default_and_never_over_the_users_choice():
         default_settings(env)
         assert env == chosen and not expandable_segments(env) and settings(env) == chosen
     assert expandable_segments({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64, expandable_segments:True"})
+
+
+def test_the_fit_keeps_room_for_split_blocks_only_where_segments_do_not_expand(monkeypatch):
+    # A run from a process where CUDA has not started gets expandable segments (default_settings)...
+    assert run_expands_segments({}) and not run_expands_segments({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    assert strategy_inputs(nn.Linear(4, 2), optimizer="adam", data_bytes=0).fragmentation == 0.0
+    # ...and one whose user chose other allocator settings keeps FRAGMENTATION of its activations free.
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    inputs = strategy_inputs(nn.Linear(4, 2), optimizer="adam", data_bytes=0)
+    assert inputs.fragmentation == FRAGMENTATION > 0
+    inputs = replace(inputs, train_activation_bytes=100 * MIB, traced_batch=10)
+    assert reserved_peak(NUMELS, SETUP, inputs) == predict_peak(NUMELS, SETUP, inputs) + int(FRAGMENTATION * 100 * MIB)
+    assert reserved_peak(NUMELS, SETUP, replace(inputs, fragmentation=0.0)) == predict_peak(NUMELS, SETUP, inputs)
 
 
 def test_a_captured_step_is_not_predicted():
