@@ -194,6 +194,11 @@ def quick(root: Path) -> list[Cell]:
     return [*recipe_cells(root), *pair_groups, *(pytest_cell(root, t, seconds.get(t, 120.0)) for t in QUICK_TESTS)]
 
 
+# Files seen to take longer than 90 s among the other cells (one H200, 2026-12-05: test_fsdp.py past
+# 282 s, test_distributed.py and test_ds_json.py past 120 s when their shard's budget ended).
+EXPECTED_SECONDS = {"test_fsdp.py": 330.0, "test_distributed.py": 180.0, "test_ds_json.py": 180.0}
+
+
 def rest(root: Path) -> list[Cell]:
     """Everything of the GPU tier the quick suite leaves out: `make test-gpu SHARD=k/n`."""
     tests = []
@@ -204,7 +209,7 @@ def rest(root: Path) -> list[Cell]:
         # A file one of whose tests the quick suite runs: the others here.
         ran = [t.split("::")[1] for t in QUICK_TESTS if t.startswith(target + "::")]
         extra = ["-k", " and ".join(f"not {name}" for name in ran)] if ran else []
-        tests.append(pytest_cell(root, target, 240.0 if path.name == "test_fsdp.py" else 90.0, extra))
+        tests.append(pytest_cell(root, target, EXPECTED_SECONDS.get(path.name, 90.0), extra))
     return [
         *group_cells("pairs", root, lambda s, p: (s, p) not in QUICK_PAIR_GROUPS),
         *group_cells("matrix", root, lambda s, p: True),
@@ -256,7 +261,10 @@ def run_cells(cells: list[Cell], out: Path, parallel: int, budget: float) -> lis
                                   capture_output=True, text=True, timeout=left)  # fmt: skip
             (cell.out / "log.txt").write_text(proc.stdout + proc.stderr)
             passed, detail = cell.judge(proc, cell.out)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as cut:
+            # What the cell printed before it was cut (bytes even under text=True), so that its log says how far it got.
+            said = [b.decode(errors="replace") if isinstance(b, bytes) else b for b in (cut.stdout, cut.stderr) if b]
+            (cell.out / "log.txt").write_text("".join(said) + f"\n[cut after {left:.0f} s: the suite's budget]\n")
             passed, detail = False, f"ran past the budget ({budget:.0f} s)"
         return {"cell": cell.name, "passed": passed, "seconds": round(time.monotonic() - start, 1), "detail": detail}
 
