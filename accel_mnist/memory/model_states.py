@@ -182,10 +182,12 @@ def summary_line(memory: dict[str, Any]) -> str:
 
 
 def format_bytes(value: int | None) -> str:
-    """'28.4 MiB', '1.2 GiB', '0 B'; '-' for None."""
+    """'28.4 MiB', '1.2 GiB', '1023 MiB', '0 B'; '-' for None: three significant figures, and whole units
+    from 100 on (never '1.02e+03 MiB')."""
     if value is None:
         return "-"
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
+            scaled = value / scale
+            return f"{scaled:.0f} {unit}" if abs(scaled) >= 100 else f"{scaled:.3g} {unit}"
     return f"{value} B"

@@ -186,3 +186,11 @@ def test_report_table_and_chart_per_run(tmp_path):
                                     {"per_process": "x", "predicted": _kinds(1, 1, 1)}])  # fmt: skip
 def test_report_passes_over_a_memory_record_of_another_shape(memory):
     assert memory_of({"memory": memory}) is None
+
+
+@pytest.mark.parametrize("value, said", [
+    (0, "0 B"), (1023, "1023 B"), (28 * 1024 * 1024 + 400_000, "28.4 MiB"), (1023 * (1 << 20) + 900_000, "1024 MiB"),
+    ((1 << 30) + (1 << 28), "1.25 GiB"), (150 * (1 << 30), "150 GiB"), (None, "-"),
+])  # fmt: skip
+def test_bytes_read_as_people_write_them(value, said):
+    assert format_bytes(value) == said and "e+" not in format_bytes(value)
