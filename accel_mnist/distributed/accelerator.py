@@ -156,8 +156,9 @@ def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: 
     if accelerator.mixed_precision in ("fp16", "bf16"):
         # DeepSpeed 0.19 casts the parameters to 16 bits but keeps the buffers in fp32, unless
         # data_types.buffer_dtype says otherwise: BatchNorm's running statistics then no longer
-        # match its weights ("Expected running_mean to have type Half but got Float", bncnn on
-        # an H200). Cast them alike, as DeepSpeed did before; a JSON's own choice stays.
+        # match its weights ("Expected running_mean to have type Half but got Float";
+        # docs/measurements.md#distributedacceleratorpy). Cast them alike, as DeepSpeed did before;
+        # a JSON's own choice stays.
         ds.setdefault("data_types", {}).setdefault("buffer_dtype", accelerator.mixed_precision)
     return notes
 

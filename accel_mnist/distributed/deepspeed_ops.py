@@ -4,11 +4,12 @@ JSON's own Adam, CPUAdam under optimizer offload, DeepCompile, and others).
 DeepSpeed builds such an op for the architectures TORCH_CUDA_ARCH_LIST names, and its op builder
 reads each entry as two integers: an architecture-specific entry such as `9.0a` (Hopper; PyTorch
 2.11 accepts them) stops it with `ValueError: invalid literal for int() with base 10: '0a'`
-(seen on an H200 with DeepSpeed 0.19.8; DeepSpeed PR #8619, pytorch#144037). Where the variable
-is unset, or holds a value the builder cannot read, it is set here, in every process and before
-DeepSpeed starts, to the visible GPUs' compute capabilities, and said once. Whether DeepSpeed
-can read a value is asked of DeepSpeed's own builder, the way it parses one when it builds, so
-that a DeepSpeed that learns the suffixes is no longer second-guessed.
+(DeepSpeed 0.19.8; DeepSpeed PR #8619, pytorch#144037;
+docs/measurements.md#distributeddeepspeed_opspy). Where the variable is unset, or holds a value the
+builder cannot read, it is set here, in every process and before DeepSpeed starts, to the visible
+GPUs' compute capabilities, and said once. Whether DeepSpeed can read a value is asked of
+DeepSpeed's own builder, the way it parses one when it builds, so that a DeepSpeed that learns the
+suffixes is no longer second-guessed.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def align_cuda_arch_list(uses_deepspeed: bool) -> str | None:
     to tell the user (once), or None where nothing was changed.
 
     Unset, it is set to the visible GPUs' compute capabilities. Set to a value the builder cannot
-    read (the H200 machines' image exports `9.0a`), it is replaced the same way and the note names
-    both values: kept, it would stop the first op DeepSpeed compiles with a traceback mid-run.
+    read (an architecture-specific entry such as `9.0a`), it is replaced the same way and the note
+    names both values: kept, it would stop the first op DeepSpeed compiles with a traceback mid-run.
     """
     import torch
 

@@ -1,10 +1,10 @@
 """Direct per-step calls where Accelerate's would only add per-step work that decides nothing.
 
-The optimizer: accelerate 1.15's `AcceleratedOptimizer.step` asks `is_lomo_available()` twice (a module
-search over sys.path) and `zero_grad` calls `inspect.signature` on every step, a large share of a
-small model's CPU step (benchmarks/results/cpu-intel_r-2026-12-01b). Where those calls decide
-nothing (no grad scaler, no XLA, DeepSpeed or FSDP, an optimizer that is not LOMO), the loop
-steps the wrapped torch optimizer itself, through public attributes only (`.optimizer`,
+The optimizer: accelerate 1.15's `AcceleratedOptimizer.step` asks `is_lomo_available()` twice (a
+module search over sys.path) and `zero_grad` calls `inspect.signature` on every step, a large share
+of a small model's CPU step (measured: docs/measurements.md#distributeddirect_steppy). Where those
+calls decide nothing (no grad scaler, no XLA, DeepSpeed or FSDP, an optimizer that is not LOMO), the
+loop steps the wrapped torch optimizer itself, through public attributes only (`.optimizer`,
 `.scaler`, `accelerator.sync_gradients`); everything else still goes through Accelerate.
 
 Accumulation and backward (`MicroStep`): with one micro-batch per optimizer step,
@@ -145,10 +145,11 @@ def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
     Accelerate loads an FSDP1 SHARDED_STATE_DICT optimizer checkpoint into the slots that
     `FSDP.optim_state_dict(model, optimizer)` has at that moment; a fresh Adam has none, so the
-    moments and step counts were silently dropped and the resumed run drifted (weights up to
-    9.6e-3 apart on an H200). torch's own get_optimizer_state_dict (the FSDP2 path) allocates
-    them the same way first: one step with zero gradients at lr 0. The checkpoint then
-    overwrites every slot; the cost is one optimizer step per resume.
+    moments and step counts would be silently dropped and the resumed run would drift from the
+    uninterrupted one (measured: docs/measurements.md#distributeddirect_steppy). torch's own
+    get_optimizer_state_dict (the FSDP2 path) allocates them the same way first: one step with zero
+    gradients at lr 0. The checkpoint then overwrites every slot; the cost is one optimizer step per
+    resume.
     """
     if optimizer.state:
         return

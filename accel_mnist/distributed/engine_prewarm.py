@@ -3,11 +3,9 @@
 prewarm (training/prewarm.py) steps a torch copy of the model. DeepSpeed's step then still
 launches kernels that no torch step does (its loss scaler's overflow check, the gradient norm
 over flat partitions, the collectives around them), and a CUDA process loads each kernel on its
-first launch. On an H200 the seed's ZeRO-2 fp16 first step took 604-625 ms without prewarm,
-246 ms after the torch copy's step, and 6.6-8.6 ms for a second engine built in the same process
-(`benchmarks/results/h200-2026-12-02k`, by a script since removed from the tree:
-`git show 4de78d5694:benchmarks/zero_first_step.py`): what the first step pays is per process,
-not per engine.
+first launch. A second engine built in the same process takes its first step in a fraction of
+the first engine's time, so what the first step pays is per process, not per engine (measured:
+docs/measurements.md#distributedengine_prewarmpy).
 
 So, where a DeepSpeed run asks for prewarm, a second engine is built from a copy of the model
 and the run's own DeepSpeed config (as Accelerate filled it in), takes one step on zeros and is

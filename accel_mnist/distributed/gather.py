@@ -36,7 +36,7 @@ def full_state_dict(accelerator: Any, model: nn.Module, strategy: Strategy | Non
 def _unwrapped(accelerator: Any, model: nn.Module, strategy: Strategy) -> nn.Module:
     """What accelerator.unwrap_model(model, keep_torch_compile=False) gives, without its cost
     where the wrapper is known: accelerate 1.15 imports deepspeed on every unwrap where it is
-    installed, to test for its engine (the export phase of benchmarks/results/h200-2026-12-01b)."""
+    installed, to test for its engine (measured: docs/measurements.md#distributedgatherpy)."""
     from accelerate.utils import is_compiled_module
 
     if not is_compiled_module(model):

@@ -40,9 +40,10 @@ def buffers_change(strategy: Strategy, has_float_buffers: bool) -> str | None:
     """Why the model's floating-point buffers take the run's 16-bit precision (None: they stay).
 
     FSDP2's MixedPrecisionPolicy casts the parameters for compute and leaves buffers alone, and
-    BatchNorm's backward wants its running statistics in its weights' dtype ("Expected
-    running_mean to have type BFloat16 but got Float", bncnn under fsdp2.yaml on an H200). The
-    statistics then accumulate in 16 bits, as under DeepSpeed (whose buffer_dtype accelerator.py sets).
+    BatchNorm's backward wants its running statistics in its weights' dtype ("Expected running_mean
+    to have type BFloat16 but got Float"; docs/measurements.md#distributedoption_rulespy). The
+    statistics then accumulate in 16 bits, as under DeepSpeed (whose buffer_dtype accelerator.py
+    sets).
     """
     if strategy.kind != "FSDP" or strategy.fsdp_version != 2 or strategy.precision not in ("fp16", "bf16"):
         return None

@@ -223,8 +223,8 @@ class Strategy:
                 f"resume with --num_processes {saved.num_processes}"
             )
         if self.fsdp_version == 1 and self.fsdp_offload_params:
-            # Measured on one H200 (mlp, 40 steps, resumed at 20): FULL and SHARDED state dicts alike
-            # ended 1.6e-2 away from the uninterrupted run; FSDP2 with offload and FSDP1 without resume exactly.
+            # FULL and SHARDED state dicts alike drift from the uninterrupted run here; FSDP2 with offload
+            # and FSDP1 without it resume exactly (measured: docs/measurements.md#distributedstrategypy).
             raise UsageError(
                 f"{path}: resuming FSDP1 with fsdp_offload_params true is not exact (the weights drift from the "
                 "uninterrupted run); its weights still export (accel-mnist export), and FSDP2 offload resumes exactly"

@@ -1,12 +1,11 @@
 """The CUDA caching allocator's settings: expandable segments unless the user chose otherwise.
 
 Without them the allocator keeps fixed-size segments, and at large batches the bytes it holds but
-cannot hand out grow: on an H200 at batch 8192 (bncnn and cnn, one GPU, ZeRO-2 and FSDP2) the
-reserved peak stood 962-1134 MiB above the allocated one; with `expandable_segments:True`
-89-714 MiB (benchmarks/results/h200-2026-12-04-memory/). A batch the prediction says fits then
-runs out on fragmentation alone, as a ZeRO-2 run at a capped 3 GiB did. torchtitan trains with
-the same setting. It must be in the environment before CUDA starts in the process; a value the
-user set (either of torch's two variable names) is left as it is.
+cannot hand out grow, well beyond what they are with `expandable_segments:True` (measured:
+docs/measurements.md#memoryallocatorpy). A batch the prediction says fits then runs out on
+fragmentation alone. torchtitan trains with the same setting. It must be in the environment before
+CUDA starts in the process; a value the user set (either of torch's two variable names) is left as
+it is.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ processes, mixed-precision Adam holds 2 Psi bytes of 16-bit parameters, 2 Psi of
 gradients and K Psi = 12 Psi of fp32 master copy, momentum and variance; ZeRO-1 divides the
 optimizer states by N, ZeRO-2 the gradients too, ZeRO-3 the parameters too. Here the same
 count is made for the precision a strategy really keeps, together with what DeepSpeed 0.19
-does besides the paper, each seen in fp32 on CPUs (benchmarks/results/cpu-memory-2026-12-01;
+does besides the paper, each seen in fp32 on CPUs (docs/measurements.md#memorymodel_statespy;
 the offload and FSDP accounting follows DeepSpeed's and torch's code and is checked by the gpu
 tests; docs/strategies.md#what-each-process-holds):
 

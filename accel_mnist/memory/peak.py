@@ -12,15 +12,13 @@ device loader holds, the CUDA libraries' workspaces, the model states that outli
   the first step also creates Adam's states, which then stay;
 * an evaluation batch's forward pass, without gradients.
 
-Each term follows DeepSpeed 0.19's and torch's code and was checked against the H200 suite
-(benchmarks/results/h200-2026-12-03-peak*/; docs/memory.md): one process per GPU there, so the
-terms for several processes (DDP's buckets, gathering and unsharding across ranks) follow the
-code and are not measured yet. Three numbers are fitted, not derived: the workspaces cuBLAS and
-the allocator keep after the first step (66 MiB on the H200), an allowance for cuDNN's
-convolution workspace (32 MiB where the model has a convolution) and ZeRO-3 offload's bytes in
-flight per element of the largest tensor (10). Not modelled: a captured
-step's CUDA-graph pool (measured 66 MiB above the eager step at bncnn b512, the prediction then
-7.8% under).
+Each term follows DeepSpeed 0.19's and torch's code and is checked against a suite of one process
+per GPU (docs/memory.md; measured: docs/measurements.md#memorypeakpy), so the terms for several
+processes (DDP's buckets, gathering and unsharding across ranks) follow the code alone. Three
+numbers are fitted, not derived: the workspaces cuBLAS and the allocator keep after the first step
+(66 MiB), an allowance for cuDNN's convolution workspace (32 MiB where the model has a convolution)
+and ZeRO-3 offload's bytes in flight per element of the largest tensor (10). Not modelled: a
+captured step's CUDA-graph pool, which puts the peak above the prediction (plan.py predicts none).
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from dataclasses import dataclass, replace
 from .model_states import FP32, KINDS, Setup, predict
 
 MIB = 1 << 20
-WORKSPACES = 66 * MIB  # measured: allocated after the first step beyond the data and the states (H200)
+WORKSPACES = 66 * MIB  # measured after the first step beyond the data and states (docs/measurements.md#memorypeakpy)
 CONV_WORKSPACE = 32 * MIB  # fitted: cuDNN's convolution workspace, where the model convolves
 REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
 MAX_LIVE = 1_000_000_000  # DeepSpeed's stage3_max_live_parameters default (elements)
@@ -40,9 +38,8 @@ MAX_LIVE = 1_000_000_000  # DeepSpeed's stage3_max_live_parameters default (elem
 FIT_SHARE = 0.9
 # Without expandable segments (allocator.py) the caching allocator reserves more than it
 # allocates once the first optimizer step has put Adam's states into blocks the activations
-# freed: the next step's activations no longer find whole blocks. Fitted on one case: cnn at
-# batch 1168 under a 1 GiB cap, CUDA started before the run (one H100, 2026-12-05), held 269 MiB
-# that were not allocated, 0.45 of its ~594 MiB of training activations. With expandable
+# freed: the next step's activations no longer find whole blocks. Fitted on one case, which held
+# 0.45 of its training activations unallocated (docs/measurements.md#memorypeakpy). With expandable
 # segments the family suite's capped runs fitted at FIT_SHARE alone (docs/memory.md).
 FRAGMENTATION = 0.5
 BATCH_LIMIT = 1 << 20

@@ -35,7 +35,7 @@ from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
 from .probe import Probe, measure, probe_batches
 
 TRACE_GAP = 0.10  # the trace this far from the probe: said in one line, the probe's number used
-# Measured on an H200 (recipes/fast99_graph.yaml, bncnn at batch 512, bf16): 964 MiB against 830 predicted.
+# A captured step's own pool puts the peak well above the prediction (measured: docs/measurements.md#memoryplanpy).
 CAPTURED = ("cannot predict: a captured step (cuda_graph) keeps a memory pool of its own beside the eager "
             "step's, which the prediction does not model")  # fmt: skip
 

@@ -1,16 +1,17 @@
 """The activation memory of a run measured on its GPU: a few real steps of a throwaway copy.
 
-The meta-device trace (activations.py) counts the tensors torch returns, not what kernels
-allocate for themselves: cuDNN's RNN reserve and workspaces, SDPA's flash and memory-efficient
-paths that never hold the attention matrix, a convolution's workspace. Measured against the
-allocator on an H200, a GRU needed up to 28% more than traced and an attention model up to 54%
-less (docs/memory.md, "Models users bring: the probe"). Where a GPU is present the run measures
-instead: before the training clock starts and before `prepare`, a copy of the model on the device,
-in the run's precision (the 16-bit weights DeepSpeed keeps, else fp32 under the run's autocast) and
-memory format, takes a forward and backward pass at three small batches (and an evaluation forward at three), each
-shape once to warm up and once measured, the allocator's peak read around it. Activation bytes
-are close to linear in the batch, so a line through the three points gives the bytes at any
-batch; a point more than OFF_LINE from the line marks the measurement as untrustworthy.
+The meta-device trace (activations.py) counts the tensors torch returns, not what kernels allocate
+for themselves: cuDNN's RNN reserve and workspaces, SDPA's flash and memory-efficient paths that
+never hold the attention matrix, a convolution's workspace. Against the allocator the trace misses
+by tens of percent either way, RNNs above it and attention models below (measured:
+docs/measurements.md#memoryprobepy; docs/memory.md, "Models users bring: the probe"). Where a GPU is
+present the run measures instead: before the training clock starts and before `prepare`, a copy of
+the model on the device, in the run's precision (the 16-bit weights DeepSpeed keeps, else fp32 under
+the run's autocast) and memory format, takes a forward and backward pass at three small batches (and
+an evaluation forward at three), each shape once to warm up and once measured, the allocator's peak
+read around it. Activation bytes are close to linear in the batch, so a line through the three
+points gives the bytes at any batch; a point more than OFF_LINE from the line marks the measurement
+as untrustworthy.
 
 What the strategy adds (its model states, DeepSpeed's buckets, FSDP's unsharded copies) still
 comes from peak.py's terms, which are exact or checked; only the activation terms change.

@@ -181,9 +181,10 @@ _DRAWING: list[subprocess.Popen[bytes]] = []
 def draw_in_background(run_dir: str | os.PathLike) -> subprocess.Popen[bytes]:
     """Start write_report(run_dir) in a process of its own and return at once.
 
-    Importing matplotlib and drawing both PNGs takes longer than the rest of a short run beyond
-    its imports (benchmarks/results/cpu-intel_r-2026-12-01c); the PNGs appear a moment after train() returns (and
-    after the command exits). wait_for_plots() waits for them; `accel-mnist report RUN` redraws.
+    Importing matplotlib and drawing both PNGs takes longer than the rest of a short run beyond its
+    imports (measured: docs/measurements.md#report__init__py); the PNGs appear a moment after
+    train() returns (and after the command exits). wait_for_plots() waits for them; `accel-mnist
+    report RUN` redraws.
     """
     process = subprocess.Popen(
         [sys.executable, "-m", "accel_mnist.report", str(run_dir)],

@@ -1,8 +1,8 @@
 """The loop's loss bookkeeping, kept off the per-micro-batch path.
 
-Summing each loss on the device and updating the non-finite counters there cost 12 tiny device ops
-per optimizer step (`isfinite` alone is four), a kernel launch each on a GPU (measured in
-benchmarks/results/cpu-intel_r-2026-12-01b). Instead each micro-batch's loss is only kept (a
+Summing each loss on the device and updating the non-finite counters there would cost 12 tiny device
+ops per optimizer step (`isfinite` alone is four), a kernel launch each on a GPU (measured:
+docs/measurements.md#trainingloss_tallypy). Instead each micro-batch's loss is only kept (a
 reference to a tensor the step made anyway: no device work), and the losses are folded into the sum
 and the counts where the loop waits for the device anyway (the finite check every log_every steps,
 evaluation, checkpoints), or when `capacity` of them are waiting (memory stays bounded; that fold

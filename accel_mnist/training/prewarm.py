@@ -1,18 +1,17 @@
 """An untimed warm-up step on a throwaway copy of the model, before the training clock starts.
 
-The first step of a fresh process pays for loading GPU kernels and setting up cuBLAS/cuDNN,
-more than a whole time-to-99% run takes on an H200 (benchmarks/results/h200-2026-12-01b). Running one forward,
-backward and optimizer step of the same shapes on a copy moves that cost out of the training
-clock, into `prewarm_seconds`, without touching the model, the optimizer or any RNG stream the
-run uses: the trained weights are the same with and without it.
+The first step of a fresh process pays for loading GPU kernels and setting up cuBLAS/cuDNN, which
+can take longer than a whole short run (measured: docs/measurements.md#trainingprewarmpy). Running
+one forward, backward and optimizer step of the same shapes on a copy moves that cost out of the
+training clock, into `prewarm_seconds`, without touching the model, the optimizer or any RNG stream
+the run uses: the trained weights are the same with and without it.
 
-The copy computes as the run will: in the precision the strategy computes in (16-bit weights
-under DeepSpeed and FSDP, the run's autocast where its prepared model has one:
-option_rules.copy_precision) and in its memory format. Kernels
-are loaded per dtype and layout, so a bf16 run warmed in fp32 would still load its bf16
-kernels for the epoch's last, smaller batch inside the clock: in the fresh bf16 commands of
-benchmarks/results/h200-2026-12-02b, warmed in fp32, the ten steps across the epoch's end took
-28-41 ms where any other ten took 13.6.
+The copy computes as the run will: in the precision the strategy computes in (16-bit weights under
+DeepSpeed and FSDP, the run's autocast where its prepared model has one:
+option_rules.copy_precision) and in its memory format. Kernels are loaded per dtype and layout, so a
+bf16 run warmed in fp32 would still load its bf16 kernels for the epoch's last, smaller batch inside
+the clock, where they slow the steps across the epoch's end (measured:
+docs/measurements.md#trainingprewarmpy).
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ def prewarm(
     `train_samples` (per process) adds the epoch's last, smaller batch: a new shape makes cuDNN
     choose its kernels again at each epoch end. `rehearsals` run the loop's own per-step tensor
     work once on scratch data (assembling a batch, the loss bookkeeping): CUDA loads each kernel
-    on its first launch (both measured in benchmarks/results/h200-2026-12-01b). `input_shape`:
+    on its first launch (both measured: docs/measurements.md#trainingprewarmpy). `input_shape`:
     one sample's (C, H, W). `autocast`: the run's (`Accelerator.autocast`), for the forward passes where
     `precision` (option_rules.copy_precision: how the strategy's prepared model computes) says so.
     """
