@@ -20,9 +20,13 @@ PYTEST_ARGS ?=
 train: $(VENV)/.installed
 	$(BIN)/accelerate launch $(if $(ACCELERATE_CONFIG),--config_file $(ACCELERATE_CONFIG)) $(LAUNCH_ARGS) -m accel_mnist train $(TRAIN_ARGS)
 
-# Every tier: tests/unit, tests/e2e, tests/launch and tests/gpu (skipped without a GPU).
+# Every tier: tests/unit, tests/e2e, tests/launch and tests/gpu (skipped without a GPU), on
+# TEST_WORKERS pytest-xdist workers: most launch tests wait on process start-up, so two workers
+# keep CI's two cores busy. A module whose tests share module-scoped runs stays on one worker
+# (xdist_group marks, --dist loadgroup). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The unit tier alone: in process, on synthetic data, seconds.
 test-fast: $(VENV)/.installed

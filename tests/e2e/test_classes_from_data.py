@@ -15,6 +15,9 @@ from accel_mnist.cli import main
 from tests.helpers import assert_one_line
 from tests.your_model_data import BALANCED, LETTERS, save_hf, splits
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_classes_from_data.py")
+
 pytest.importorskip("datasets")
 
 

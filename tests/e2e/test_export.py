@@ -22,6 +22,9 @@ from accel_mnist.distributed.accelerator import build_accelerator
 from accel_mnist.models import build_model
 from tests.helpers import assert_one_line, assert_same_weights, synthetic_counts
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_export.py")
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, synthetic_mnist_files):

@@ -16,6 +16,9 @@ from tests.helpers import MNIST_DIR, real_mnist_present
 datasets = pytest.importorskip("datasets")
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image  # noqa: E402
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_hf_data.py")
+
 datasets.disable_progress_bars()
 IMAGE_FEATURES = Features({"image": Image(), "label": ClassLabel(num_classes=10)})
 

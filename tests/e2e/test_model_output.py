@@ -11,6 +11,9 @@ import torch
 from accel_mnist import TrainConfig, UsageError, train
 from tests.your_model_data import WRAPS, Net, PairDataset, splits
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_model_output.py")
+
 
 @pytest.fixture(scope="module")
 def data():

@@ -16,6 +16,9 @@ from accel_mnist.data.tensor_dataset import pixel_mean_std
 from tests.helpers import assert_one_line, metrics_rows
 from tests.your_model_data import FloatImages, PairDataset, save_hf, splits
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_own_data.py")
+
 pytest.importorskip("datasets")
 
 

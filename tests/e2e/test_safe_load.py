@@ -18,6 +18,9 @@ from accel_mnist.errors import UsageError
 from accel_mnist.run import checkpoint as ckpt
 from tests.helpers import error_lines, plant, run_accel_mnist, snapshot, synthetic_counts
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_safe_load.py")
+
 TRAIN_ARGS = ["--model", "mlp", "--max-steps", "8", "--checkpoint-every", "4", "--eval-every", "0",
               "--no-download", "--quiet", "--no-export", "--eval-batch-size", "5000"]  # fmt: skip
 

@@ -18,6 +18,9 @@ from accel_mnist.run import checkpoint as ckpt
 from tests.helpers import metrics_rows
 from tests.your_model_data import save_hf, splits
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_transformers_model.py")
+
 transformers = pytest.importorskip("transformers")
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 

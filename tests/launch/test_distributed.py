@@ -12,7 +12,8 @@ import pytest
 
 from tests.helpers import CONFIGS, PARITY_TRAIN_ARGS, TIMING_KEYS, accelerate_launch, real_mnist_present
 
-pytestmark = pytest.mark.slow
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("launch/test_distributed.py")]
 STRATEGIES = {
     "ddp": ["--config_file", str(CONFIGS / "multi_cpu.yaml")],
     "ddp_torch_loader": ["--config_file", str(CONFIGS / "multi_cpu.yaml")],

@@ -21,6 +21,9 @@ from accel_mnist.run import checkpoint as ckpt
 from tests.helpers import DDP, ENV, REPO, command, kill_tree, metrics_rows, run, same_weights, start_and_wait_for
 from tests.process_tree import alive, tree
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("launch/test_kill_anytime.py")
+
 # mlp: dropout, so that each process's restored RNG state matters too.
 LONG = ["--model", "mlp", "--max-steps", "1000", "--checkpoint-every", "50", "--eval-every", "250"]
 KILLS = 3

@@ -14,7 +14,8 @@ import pytest
 
 from tests.helpers import CONFIGS, MNIST_DIR, accelerate_launch, real_mnist_present
 
-pytestmark = pytest.mark.slow
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("launch/test_memory.py")]
 
 HIDDEN = "1024,1024"
 TRAIN_ARGS = ["--model", "mlp", "--mlp-hidden", HIDDEN, "--batch-size", "32", "--max-steps", "3",

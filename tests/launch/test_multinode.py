@@ -27,6 +27,9 @@ from tests.helpers import (
     real_mnist_present,
 )
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("launch/test_multinode.py")
+
 TRAIN_ARGS = ["--model", "linear", "--batch-size", "32", "--max-steps", "20", "--eval-every", "10",
               "--eval-batch-size", "2500", "--no-download"]  # fmt: skip
 # The reference: one machine, 2 processes, DDP. ZeRO-2 is compared with it too: with two ranks

@@ -14,6 +14,9 @@ from tests.helpers import synthetic_counts
 datasets = pytest.importorskip("datasets")
 from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, Image, Value  # noqa: E402
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("unit/test_hf_data.py")
+
 datasets.disable_progress_bars()
 IMAGE_FEATURES = Features({"image": Image(), "label": ClassLabel(num_classes=10)})
 

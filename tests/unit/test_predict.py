@@ -17,6 +17,9 @@ from accel_mnist.export.predict import predict_files
 from accel_mnist.models import build_model
 from tests.helpers import assert_one_line, digit_picture, synthetic_counts
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("unit/test_predict.py")
+
 MEAN, STD = 0.1307, 0.3081
 
 
