@@ -65,6 +65,13 @@ class TrainConfig:
             "under this strategy, chosen before the first step (GPU runs only)"
         },
     )
+    max_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "with batch_size auto: the largest batch per process it may take (as Accelerate's "
+            "find_executable_batch_size starts from it); unset: as large as fits, up to the whole training split"
+        },
+    )
     eval_batch_size: int = field(default=1000, metadata={"help": "evaluation batch size per process"})
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     optimizer: str = field(
@@ -202,6 +209,11 @@ class TrainConfig:
             self.batch_size = AUTO_BATCH
         if self.batch_size != AUTO_BATCH:
             _at_least("batch_size", self.batch_size, 1)
+        if self.max_batch_size is not None:
+            _at_least("max_batch_size", self.max_batch_size, 1)
+            if self.batch_size != AUTO_BATCH:
+                raise ConfigError(f"max_batch_size: bounds batch_size auto, but batch_size is {self.batch_size}; "
+                                  "give batch_size auto or leave max_batch_size out")  # fmt: skip
         for key in ("epochs", "eval_batch_size", "log_every"):
             _at_least(key, getattr(self, key), 1)
         if self.grad_accum is not None:

@@ -20,12 +20,11 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from ..caller import setting
 from ..errors import OutOfMemory
 from .allocator import EXPANDABLE, expandable_segments
 from .memory_watch import MemoryWatch
 from .model_states import STRATEGIES, format_bytes
-from .peak import FIT_SHARE, fits, largest_batch, phases
+from .peak import FIT_SHARE, fits, largest_batch, why_nothing_fits
 
 # torch's sizes in its out-of-memory message (c10's format_size: "512 bytes", "20.00 MiB", "2.00 GiB").
 _SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB)"
@@ -91,8 +90,8 @@ def advice(watch: Any, batch_size: int, room: int, rate: float = 1.0) -> str:
     fit = "at most" if capped else "would fit" if rate > 1 else "fits"
     here = f"batch {below} per process {fit} under {setup.label}" if below else f"no batch fits under {setup.label}"
     here += f" (the estimate said {largest}, but {batch_size} failed)" if capped else ""
-    if not largest and phases(numels, setup, inputs.at_batch(1))["evaluate"] > FIT_SHARE * usable:
-        here += f" (its evaluation batch is too large: lower {setting('eval_batch_size')})"
+    if not largest:  # what takes the room, and the change that would free it
+        here += f" ({why_nothing_fits(numels, setup, inputs, usable)})"
     others = [name for name, options in STRATEGIES.items()
               if (other := replace(setup, **_options(options))) != setup  # this one just failed at this batch
               and fits(numels, other, inputs, usable)]  # fmt: skip

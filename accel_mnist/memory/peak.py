@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .model_states import FP32, KINDS, Setup, predict
+from ..caller import setting
+from .model_states import FP32, KINDS, Setup, format_bytes, predict
 
 MIB = 1 << 20
 WORKSPACES = 66 * MIB  # measured after the first step beyond the data and states (docs/measurements.md#memorypeakpy)
@@ -151,3 +152,50 @@ def largest_batch(numels: Sequence[int], setup: Setup, inputs: PeakInputs, capac
         else:
             high = middle - 1
     return low
+
+
+def _remedy(part: str) -> str:
+    """The change that shrinks `part` of a peak (largest_parts' names), spelled as this caller gives settings."""
+    return {
+        "the evaluation batch": f"a smaller {setting('eval_batch_size')}",
+        "the data on the device": f"{setting('data_loader', 'torch')} (the images stay in host memory)",
+        "the model states": "a strategy that shards or offloads them (accel-mnist estimate --fits names them)",
+        "the strategy's buffers": "a smaller reduce_bucket_size or stage3_max_live_parameters in the DeepSpeed config",
+        "one sample's activations": "a smaller model or 16-bit precision",
+    }.get(part, "a GPU with more memory")
+
+
+def largest_parts(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> tuple[str, list[tuple[str, int]]]:
+    """At a batch of one: the moment whose peak is largest ("the training step" or "the evaluation") and
+    its parts, largest first, each (name, bytes). The strategy's buffers are what the moment holds beyond
+    the other parts (DeepSpeed's bucket, gathered or unsharded parameters, DDP's buckets, autocast's copies)."""
+    one = inputs.at_batch(1)
+    moments = phases(numels, setup, one)
+    evaluating = moments["evaluate"] > max(moments["train"], moments["step"])
+    states = predict(numels, setup)
+    kept = [k for k in KINDS[:3] if not (evaluating and k == KINDS[1])]  # an evaluation holds no gradients
+    workspaces = (WORKSPACES + (CONV_WORKSPACE if inputs.convolves else 0)) if setup.on_accelerator else 0
+    held = {
+        "the data on the device": inputs.data_bytes,
+        "the CUDA workspaces": workspaces,
+        "the model states": sum(states[k] for k in kept),
+    }
+    if evaluating:
+        held["the evaluation batch"] = one.eval_activation_bytes
+    else:
+        held["one sample's activations"] = one.train_activations
+    total = moments["evaluate"] if evaluating else max(moments["train"], moments["step"])
+    held["the strategy's buffers"] = max(0, total - sum(held.values()))
+    parts = sorted(((k, v) for k, v in held.items() if v > 0), key=lambda kv: -kv[1])
+    return ("the evaluation" if evaluating else "the training step"), parts
+
+
+def why_nothing_fits(numels: Sequence[int], setup: Setup, inputs: PeakInputs, room: int) -> str:
+    """Why not even a training batch of one fits `room` bytes, in one line: the largest moment, its two
+    largest parts with their bytes, and the change that would shrink the largest part that a setting shrinks."""
+    moment, parts = largest_parts(numels, setup, inputs)
+    said = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts[:2])
+    movable = next((name for name, _ in parts if name != "the CUDA workspaces"), "")
+    return (f"{moment} needs {format_bytes(reserved_peak(numels, setup, inputs.at_batch(1)))} at a training batch "
+            f"of 1 under {setup.label}, over {FIT_SHARE:.0%} of {format_bytes(room)}: mostly {said}; "
+            f"try {_remedy(movable)}")  # fmt: skip

@@ -25,12 +25,13 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from ..caller import setting
 from ..config import TrainConfig
 from ..distributed.option_rules import SIXTEEN_BIT
 from ..distributed.strategy import Strategy
 from ..errors import UsageError
 from .model_states import Setup, format_bytes
-from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak, reserved_peak
+from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak, reserved_peak, why_nothing_fits
 from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
 from .probe import Probe, measure, probe_batches
 
@@ -165,57 +166,67 @@ def trace_gap_line(plan: PeakPlan, numels: list[int], setup: Setup) -> str | Non
 
 def settle_auto_batch(
     plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int,
-    probe_at: Callable[[int], PeakPlan], agreed: Callable[[Callable[[], int]], int],
+    probe_at: Callable[[int], PeakPlan], agreed: Callable[[Callable[[], int]], int], most: int | None = None,
 ) -> tuple[PeakPlan, int, str]:  # fmt: skip
     """`batch_size: auto` settled from the prediction: the largest batch the first probe's line allows, then
     probed again up to that batch (`probe_at`) twice, so that the line is measured where it is used. `room`:
-    the bytes this process may use (probe.available); `samples`:
-    one process's share of the training set; `agreed(choose)`: every process's `choose()`, the smallest taken (a
+    the bytes this process may use (probe.available); `samples`: one process's share of the training set;
+    `most`: the user's max_batch_size; `agreed(choose)`: every process's `choose()`, the smallest taken (a
     UsageError on one is raised on all), so that all step alike. Returns (the plan, the batch, the line that
     says which batch and why)."""
-    batch = agreed(lambda: auto_batch(plan, numels, setup, room, samples))
+    batch = agreed(lambda: auto_batch(plan, numels, setup, room, samples, most))
     for _ in range(2):
         again = probe_at(batch)
-        closer = agreed(lambda: _closer(again, numels, setup, room, samples))  # noqa: B023 (called at once)
+        closer = agreed(lambda: _closer(again, numels, setup, room, samples, most))  # noqa: B023 (called at once)
         if not closer:
             break
         plan, settled, batch = again, closer == batch, closer
         if settled:
             break
-    return plan, batch, auto_line(plan, numels, setup, room, batch, samples)
+    return plan, batch, auto_line(plan, numels, setup, room, batch, samples, most)
 
 
-def _closer(plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int) -> int:
+def _closer(plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int, most: int | None) -> int:
     """auto_batch on a later probe, 0 where it could not run (out of memory, not on a line): the last answer stands."""
     try:
-        return auto_batch(plan, numels, setup, room, samples)
+        return auto_batch(plan, numels, setup, room, samples, most)
     except UsageError:
         return 0
 
 
-def auto_batch(plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int) -> int:
+def auto_batch(
+    plan: PeakPlan, numels: list[int], setup: Setup, room: int, samples: int, most: int | None = None
+) -> int:
     """The largest per-process batch whose predicted peak fits `room` bytes, at most `samples` (one process's
-    share of the training set); UsageError where there is no prediction or not even one sample fits."""
+    share of the training set) and `most` (the user's max_batch_size); UsageError where there is no
+    prediction or not even one sample fits (the line says what takes the room)."""
     if plan.inputs is None and plan.unpredicted is None:  # on a CPU nothing is predicted
         raise UsageError("batch_size auto needs a GPU: a CPU run's peak memory is not predicted; give a number")
     if plan.inputs is None:
         raise UsageError(f"batch_size auto: {plan.unpredicted}; give a number")
     batch = largest_batch(numels, setup, plan.inputs, room)
     if batch < 1:
-        raise UsageError(f"batch_size auto: not even a batch of 1 fits {format_bytes(room)} under {setup.label} "
-                         "(accel-mnist estimate --fits tells which strategies would)")  # fmt: skip
-    return min(batch, samples)
+        raise UsageError(f"batch_size auto: no batch fits: {why_nothing_fits(numels, setup, plan.inputs, room)}")
+    return min(batch, samples, most or samples)
 
 
-def auto_line(plan: PeakPlan, numels: list[int], setup: Setup, room: int, batch: int, samples: int) -> str:
-    """The line that says which batch `batch_size: auto` took, and why."""
+def auto_line(
+    plan: PeakPlan, numels: list[int], setup: Setup, room: int, batch: int, samples: int, most: int | None = None
+) -> str:
+    """The line that says which batch `batch_size: auto` took, and why: the largest that fits, or the bound
+    it stopped at (`most`, the user's max_batch_size, or `samples`, one process's share of the training set)."""
     assert plan.inputs is not None
     inputs = plan.inputs.at_batch(batch)
     peak, reserved = predict_peak(numels, setup, inputs), reserved_peak(numels, setup, inputs)
-    line = (f"batch size auto: {batch:,} per process, the largest whose predicted peak ({format_bytes(peak)}, "
-            f"from the {plan.inputs.source}) with {format_bytes(reserved - peak)} for the allocator's fragmentation "
-            f"fits {FIT_SHARE:.0%} of the {format_bytes(room)} this process may use under {setup.label}")  # fmt: skip
-    return line + (f" (capped at the {samples:,} training samples per process)" if batch == samples else "")
+    fits = (f"predicted peak ({format_bytes(peak)}, from the {plan.inputs.source}) with "
+            f"{format_bytes(reserved - peak)} for the allocator's fragmentation fits {FIT_SHARE:.0%} of the "
+            f"{format_bytes(room)} this process may use under {setup.label}")  # fmt: skip
+    if most is not None and batch == most <= samples:
+        return f"batch size auto: {batch:,} per process, the {setting('max_batch_size')} asked for (its {fits})"
+    if batch == samples:
+        return (f"batch size auto: {batch:,} per process, the whole training split (its {samples:,} samples per "
+                f"process, one batch a step: more would fit; its {fits})")  # fmt: skip
+    return f"batch size auto: {batch:,} per process, the largest whose {fits}"
 
 
 def planned_data_bytes(config: TrainConfig, splits: list[Any]) -> int:

@@ -44,7 +44,7 @@ def plan_memory(
     plan at that batch: probed on a GPU before anything else is placed there (memory/plan.py)."""
     auto = was_auto = config.batch_size == AUTO_BATCH
     if auto and saved and saved.get("batch_size"):
-        config = config.replace(batch_size=int(saved["batch_size"]))
+        config = config.replace(batch_size=int(saved["batch_size"]), max_batch_size=None)
         accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
         auto = False
     refusal = CAPTURED if captured(strategy, config) else None  # no probe: its number would not hold
@@ -73,11 +73,12 @@ def plan_memory(
     if auto:
         room = available(accelerator.device) if plan.inputs is not None else 0  # no prediction: no GPU to ask
         samples = len(run_data.train) // accelerator.num_processes
-        plan, batch, said = settle_auto_batch(plan, numels, setup, room, samples, probe_at, agreed)
+        most = config.max_batch_size
+        plan, batch, said = settle_auto_batch(plan, numels, setup, room, samples, probe_at, agreed, most)
         accumulation, processes = accelerator.gradient_accumulation_steps, accelerator.num_processes
         accelerator.print(f"{said}; global batch {global_batch(batch, accumulation, processes)}; "
                           f"the learning rate stays {config.lr:g}")  # fmt: skip
-        config = config.replace(batch_size=batch)
+        config = config.replace(batch_size=batch, max_batch_size=None)  # config.json: the batch that ran
     for line in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
         if line:
             accelerator.print(line if line.startswith("peak memory") else f"peak memory: {line}")

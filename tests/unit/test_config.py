@@ -38,6 +38,8 @@ def test_defaults_are_valid():
         ({"weight_decay": -0.1}, "weight_decay"),
         ({"eval_every": -5}, "eval_every"),
         ({"step_gamma": 1.5}, "step_gamma"),
+        ({"batch_size": "auto", "max_batch_size": 0}, "max_batch_size"),
+        ({"batch_size": 64, "max_batch_size": 128}, "max_batch_size"),  # a bound for `auto` alone
     ],
 )
 def test_bad_values_name_the_key(changes, key):

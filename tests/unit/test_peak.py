@@ -16,7 +16,7 @@ from accel_mnist.cli import main
 from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.memory.activations import trace
 from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, meta_model
-from accel_mnist.memory.model_states import STRATEGIES, Setup
+from accel_mnist.memory.model_states import STRATEGIES, Setup, format_bytes
 from accel_mnist.memory.peak import (
     FIT_SHARE,
     FRAGMENTATION,
@@ -24,9 +24,11 @@ from accel_mnist.memory.peak import (
     WORKSPACES,
     PeakInputs,
     largest_batch,
+    largest_parts,
     phases,
     predict_peak,
     reserved_peak,
+    why_nothing_fits,
 )
 from accel_mnist.memory.peak_inputs import inputs_for
 from accel_mnist.models import build_model
@@ -271,3 +273,16 @@ def test_fsdp_activation_checkpointing_is_not_predicted_and_the_probe_never_runs
                                  lambda m, x, y, dtype: m(x).sum())  # fmt: skip
     assert plan.inputs is None and plan.unpredicted.startswith("cannot predict: FSDP's activation checkpointing")
     assert plan.trace is not None  # the trace is kept beside the refusal (results.json's trace_peak)
+
+
+@pytest.mark.parametrize("changes, moment, remedy", [
+    ({"eval_activation_bytes": 3 << 30}, "the evaluation", "a smaller eval_batch_size"),
+    ({"data_bytes": 3 << 30}, "the training step", "data_loader=\"torch\" (the images stay in host memory)"),
+    ({"train_activation_bytes": 3 << 30, "traced_batch": 1}, "the training step", "a smaller model"),
+])  # fmt: skip
+def test_the_line_where_nothing_fits_names_what_takes_the_room(changes, moment, remedy):
+    inputs = replace(PeakInputs(train_activation_bytes=MIB, eval_activation_bytes=MIB), **changes)
+    line = why_nothing_fits([1000], Setup(), inputs, 2 << 30)
+    assert line.startswith(f"{moment} needs ") and f"; try {remedy}" in line and "\n" not in line
+    part, size = largest_parts([1000], Setup(), inputs)[1][0]
+    assert size >= 3 << 30 and f"{part} {format_bytes(size)}" in line

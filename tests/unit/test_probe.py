@@ -73,7 +73,11 @@ def test_auto_batch_is_the_largest_whose_prediction_fits_and_says_so():
     assert line.startswith(f"batch size auto: {batch:,} per process") and "from the probe" in line
     assert "capped" not in line
     assert auto_batch(plan, NUMELS, SETUP, room, samples=500) == 500  # no larger than one process's share
-    assert "capped at the 500 training samples" in auto_line(plan, NUMELS, SETUP, room, 500, 500)
+    assert "the whole training split (its 500 samples per process" in auto_line(plan, NUMELS, SETUP, room, 500, 500)
+    # The user's bound: the batch stops there, and the line says it was asked for.
+    assert auto_batch(plan, NUMELS, SETUP, room, samples=60_000, most=256) == 256 < batch
+    assert "256 per process, the max_batch_size asked for" in auto_line(plan, NUMELS, SETUP, room, 256, 60_000, 256)
+    assert auto_batch(plan, NUMELS, SETUP, room, samples=60_000, most=10**6) == batch  # a bound above the fit
     assert global_batch(batch, 2, 4) == f"{batch * 8:,} ({batch:,} x 2 accumulation x 4 processes)"
 
 
@@ -82,7 +86,10 @@ def test_auto_batch_refuses_in_one_line_where_nothing_can_be_chosen():
         auto_batch(PeakPlan(), NUMELS, SETUP, 1 << 30, 60_000)  # a CPU run: nothing predicted
     with pytest.raises(UsageError, match="batch_size auto: cannot predict: why; give a number"):
         auto_batch(PeakPlan(unpredicted="cannot predict: why"), NUMELS, SETUP, 1 << 30, 60_000)
-    with pytest.raises(UsageError, match="not even a batch of 1 fits"):
+    with pytest.raises(
+        UsageError,
+        match="no batch fits: the evaluation needs .* mostly .*the evaluation batch .*; try a smaller eval_batch_size",
+    ):
         auto_batch(PeakPlan(inputs=probed(base(), probe(), 64, 1000)), NUMELS, SETUP, 16 * MIB, 60_000)
 
 
@@ -218,7 +225,8 @@ def test_a_batch_size_auto_run_saves_the_batch_it_ran_and_is_found_again(synthet
 
     settled: list[int] = []
 
-    def settle(plan, numels, setup, room, samples, probe_at, agreed):  # what the GPU's probe would choose
+    def settle(plan, numels, setup, room, samples, probe_at, agreed, most):  # what the GPU's probe would choose
+        assert most == 48  # the user's bound reaches the choice
         settled.append(32)
         return plan, 32, "batch size auto: 32 per process"
 
@@ -226,9 +234,11 @@ def test_a_batch_size_auto_run_saves_the_batch_it_ran_and_is_found_again(synthet
     out = tmp_path / "run"
     config = TrainConfig(model="linear", data_dir=str(synthetic_mnist), download=False, quiet=True, export=False,
                          plots=False, output_dir=str(out), max_steps=4, eval_every=4, batch_size="auto",  # type: ignore[arg-type]
-                         resume_from="auto")  # fmt: skip
+                         resume_from="auto", max_batch_size=48)  # fmt: skip
     first = train(config)
-    assert json.loads((out / "config.json").read_text()) == config.replace(batch_size=32).to_dict()
+    # config.json names the batch that ran, without the bound that only `auto` takes.
+    saved = config.replace(batch_size=32, max_batch_size=None).to_dict()
+    assert json.loads((out / "config.json").read_text()) == saved
     assert (first["batch_size"], first["batch_size_auto"], settled) == (32, True, [32])
     assert train(config) == first and settled == [32]  # finished: returned as it is, nothing settled again
     (out / "results.json").unlink()  # as if killed after its last checkpoint: it resumes at the checkpoint's batch
