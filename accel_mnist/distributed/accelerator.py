@@ -44,11 +44,12 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     """An Accelerator for `config`, with the strategy taken from the accelerate config/env, or
     from `config.deepspeed_config` under any launcher.
 
-    Resolves `config.grad_accum` (in place) from the launcher when the config leaves it unset,
-    and raises UsageError, before anything is written, for any launcher setting the loop cannot
-    honour, and where the launch asks for a strategy that Accelerate would not set up (it would
-    train another one without a word). With `announce` (a training run), the main process
-    prints the strategy line first: strategy, precision, world size, device.
+    Takes the accumulation from the launcher where the config leaves `grad_accum` unset (the
+    Accelerator's `gradient_accumulation_steps`; the config is not changed), and raises UsageError,
+    before anything is written, for any launcher setting the loop cannot honour, and where the
+    launch asks for a strategy that Accelerate would not set up (it would train another one
+    without a word). With `announce` (a training run), the main process prints the strategy line
+    first: strategy, precision, world size, device.
     """
     watch_launcher()  # a worker whose launcher died exits rather than train on as an orphan
     launch = check_launch(config, cpu=bool(kwargs.get("cpu")))

@@ -50,7 +50,8 @@ class LaunchSettings:
 
 
 def check_launch(config: TrainConfig, *, cpu: bool = False) -> LaunchSettings:
-    """Refuse what the loop cannot honour, and resolve `config.grad_accum` (set in place).
+    """Refuse what the loop cannot honour, and resolve the accumulation (`grad_accum` of the settings returned;
+    the config is left as given).
     `cpu`: the script asks for `Accelerator(cpu=True)`.
 
     Runs in every process before the Accelerator exists, so nothing has been written yet.
@@ -75,7 +76,6 @@ def check_launch(config: TrainConfig, *, cpu: bool = False) -> LaunchSettings:
         raise UsageError(why)
     grad_accum, note = _resolve_grad_accum(config, launcher, ds_json, use_deepspeed)
     settings = LaunchSettings(grad_accum, use_deepspeed, found, notes=[note] if note else [])
-    config.grad_accum = grad_accum
     if launcher is not None and not use_deepspeed and launcher.gradient_clipping is not None:
         settings.notes.append(
             f"accelerate launch --gradient_clipping {launcher.gradient_clipping} only applies to DeepSpeed, and "

@@ -24,6 +24,7 @@ from ..memory.out_of_memory import out_of_memory_error
 from ..run.directory import RunDir
 from .inputs import OwnData
 from .preemption import StopSignals
+from .resolved import with_launch
 from .run import TrainingRun
 from .start import start_run
 
@@ -56,6 +57,7 @@ def train(
         accelerator = build_accelerator(config, announce=True)
     except UsageError as e:  # from the launch's settings, which every process reads alike
         raise on_every_rank(e) from None
+    config = with_launch(accelerator, config)  # the accumulation settled, before the directory is read
     run: TrainingRun | None = None
     try:
         with StopSignals() as stop, RunDir(accelerator, config) as run_dir:

@@ -13,7 +13,6 @@ from torch import nn
 from ..config import AUTO_BATCH, TrainConfig
 from ..distributed import consensus
 from ..distributed.accelerator import set_batch
-from ..distributed.option_rules import capture_refusal
 from ..distributed.strategy import Strategy
 from ..memory.memory_watch import setup_of, trainable_numels
 from ..memory.plan import (
@@ -26,19 +25,14 @@ from ..memory.plan import (
     trace_gap_line,
 )
 from ..memory.probe import available, probe_batches
-from ..optim import optimizer_class_name
 from .inputs import RunData
+from .resolved import StepPlan
 from .step import batch_loss
 
 
-def captured(strategy: Strategy, config: TrainConfig) -> bool:
-    """Whether the run's step will be captured as a CUDA graph (training/step.py asks the same rule)."""
-    return config.cuda_graph and capture_refusal(strategy, config, optimizer_class_name(config)) is None
-
-
 def plan_memory(
-    accelerator: Accelerator, config: TrainConfig, strategy: Strategy, model: nn.Module, run_data: RunData,
-    saved: dict[str, Any] | None,
+    accelerator: Accelerator, config: TrainConfig, strategy: Strategy, step: StepPlan, model: nn.Module,
+    run_data: RunData, saved: dict[str, Any] | None,
 ) -> tuple[TrainConfig, PeakPlan]:  # fmt: skip
     """The config with `batch_size: auto` settled (a resumed run keeps its checkpoint's batch) and the peak's
     plan at that batch: probed on a GPU before anything else is placed there (memory/plan.py)."""
@@ -47,7 +41,7 @@ def plan_memory(
         config = config.replace(batch_size=int(saved["batch_size"]), max_batch_size=None)
         accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
         auto = False
-    refusal = CAPTURED if captured(strategy, config) else None  # no probe: its number would not hold
+    refusal = CAPTURED if step.captured else None  # no probe: its number would not hold
     numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
     channels_last = config.channels_last
 

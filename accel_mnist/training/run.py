@@ -18,7 +18,6 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from ..distributed.option_rules import eager_line
-from ..distributed.strategy import Strategy
 from ..errors import NonFiniteLossError, on_every_rank
 from ..evaluation import evaluate
 from ..memory.memory_watch import MemoryWatch
@@ -31,6 +30,7 @@ from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
 from .records import metrics_row, results_record
+from .resolved import ResolvedRun
 from .state import Progress, RunDescription
 from .state import saved as saved_state
 from .step import EagerStep, GraphedStep, build_step
@@ -45,8 +45,7 @@ class TrainingRun:
     """One run, set up: `fit` trains it, `finish` exports it and writes its results."""
 
     accelerator: Accelerator
-    strategy: Strategy  # what the launch set up, worked out once by start_run
-    config: TrainConfig
+    resolved: ResolvedRun  # the config as it runs, the strategy and the step's plan, settled by start_run
     stop: StopSignals
     run_dir: RunDir
     progress: Progress  # the loop's counters, saved with each checkpoint
@@ -82,12 +81,18 @@ class TrainingRun:
             disable=True if quiet else None,
         )
 
+    @property
+    def config(self) -> TrainConfig:
+        """The config as the run trains it (ResolvedRun.config)."""
+        return self.resolved.config
+
     def _build_step(self) -> None:
         """The run's step (training/step.py): built after any checkpoint is loaded, since capture records
         the optimizer state tensors it finds; and after the run exists, so that running out of memory
         while capturing still reports this run's memory."""
         batch_shape = (self.config.batch_size, *self.described.input_shape)
-        self.step = build_step(self.accelerator, self.config, self.model, self.optimizer, batch_shape)
+        self.step = build_step(self.accelerator, self.config, self.model, self.optimizer, batch_shape,
+                               self.resolved.step)  # fmt: skip
 
     def fit(self) -> None:
         """Train until out of steps or at the target accuracy; on a signal, checkpoint and raise Preempted."""

@@ -34,6 +34,7 @@ from .memory_plan import plan_memory
 from .preemption import StopSignals
 from .prewarm import prewarm_run
 from .records import versions
+from .resolved import ResolvedRun, StepPlan
 from .run import TrainingRun
 from .state import Progress, RunDescription, check_compatible, rescale_loss_sums
 from .state import read as read_state
@@ -57,8 +58,7 @@ def start_run(
     output directory, the prewarm, prepare, the checkpoint's load.
     """
     strategy = Strategy.of(accelerator)
-    resume = plan.resume
-    fresh = (Progress(), RunDescription())
+    resume, fresh = plan.resume, (Progress(), RunDescription())
     progress, was = read_state(plan.state, resume) if plan.state is not None and resume else fresh
     # Every pickle of the checkpoint is checked before anything is loaded or written.
     rng_states = ckpt.verify_checkpoint(accelerator, resume, config.trust_checkpoint) if resume else {}
@@ -66,8 +66,10 @@ def start_run(
         run_data = load_run_data(config, own)
     built = run_model(accelerator, strategy, config, model, run_data)
     model = built.module
-    asked = config  # as given: the memory plan settles `batch_size: auto`, and `config` is the run's from here on
-    config, peak = plan_memory(accelerator, config, strategy, model, run_data, was.config if resume else None)
+    auto, step = config.batch_size == AUTO_BATCH, StepPlan.of(strategy, config)
+    settled, peak = plan_memory(accelerator, config, strategy, step, model, run_data, was.config if resume else None)
+    resolved = ResolvedRun(settled, strategy, step)  # what every stage reads from here on
+    config = resolved.config
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     saved = Strategy.from_fields(was.strategy) if resume else None
@@ -76,7 +78,7 @@ def start_run(
     described = _describe(accelerator, config, progress, was, resume, strategy, total_steps, run_data, built)
     # Only now, with every check passed on every rank, is the output directory written (its lock aside).
     run_dir.open(plan, config)
-    facts = _setup_facts(accelerator, asked, config, built, strategy, data, peak)
+    facts = _setup_facts(accelerator, resolved, auto, built, data, peak)
     if config.prewarm:
         facts["prewarm_seconds"] = prewarm_run(
             accelerator, strategy, config, model, data, len(run_data.train), described.input_shape
@@ -97,7 +99,7 @@ def start_run(
     if resume:  # the checkpoint, checked at the plan, into the prepared objects and the RNGs
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {progress.step}")
-    return TrainingRun(accelerator, strategy, config, stop, run_dir, progress, described, data, model, optimizer,
+    return TrainingRun(accelerator, resolved, stop, run_dir, progress, described, data, model, optimizer,
                        scheduler, cadence, steps_per_epoch, facts, memory)  # fmt: skip
 
 
@@ -127,24 +129,19 @@ def _describe(
 
 
 def _setup_facts(
-    accelerator: Accelerator,
-    asked: TrainConfig,
-    config: TrainConfig,
-    built: RunModel,
-    strategy: Strategy,
-    data: Loaders,
-    peak: PeakPlan,
+    accelerator: Accelerator, resolved: ResolvedRun, auto: bool, built: RunModel, data: Loaders, peak: PeakPlan
 ) -> dict[str, Any]:
-    """What results.json says about the setup of the run of `config` (`asked`: the config as given, before
-    `batch_size: auto` was settled); the prewarm's seconds are filled in as it runs. Its `changes`: each
-    way the run differs from what the config asked, said here in one line."""
+    """What results.json says about the setup of the `resolved` run (`auto`: its batch was asked as `auto`);
+    the prewarm's seconds are filled in as it runs. Its `changes`: each way the run differs from what the
+    config asked, said here in one line."""
+    config, strategy = resolved.config, resolved.strategy
     facts = {
         **built.facts,
         "batch_size": config.batch_size,  # per process: the number `batch_size: auto` chose
         # What lets `--resume-from auto` return this finished run to a `batch_size: auto` request
         # (run/directory.py): config.json names the batch alone.
-        "batch_size_auto": asked.batch_size == AUTO_BATCH,
-        "global_batch_size": config.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes,
+        "batch_size_auto": auto,
+        "global_batch_size": resolved.global_batch_size,
         **strategy.fields(),
         "data_loader": data.kind,
         "allocator_settings": allocator_settings(),

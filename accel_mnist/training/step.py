@@ -49,9 +49,10 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..distributed.direct_step import MicroStep, captures_under_ddp, torch_optimizer
-from ..distributed.option_rules import capture_refusal, channels_last_change, eager_line
+from ..distributed.option_rules import channels_last_change, eager_line
 from ..distributed.strategy import Strategy
 from ..model_output import logits_of
+from .resolved import StepPlan
 
 # Eager iterations before capture, as torch's docs run them: 3, and at least 11 under DDP.
 WARMUP_ITERATIONS, DDP_WARMUP_ITERATIONS = 3, 11
@@ -118,12 +119,6 @@ class EagerStep:
             loss = self.work(inputs, labels, self.optimizer)
             self.optimizer.zero_grad()
         return loss
-
-
-def why_eager(accelerator: Accelerator, config: TrainConfig, optimizer: Any) -> str | None:
-    """Why this run cannot capture its step (None: it can); the rule is option_rules.capture_refusal."""
-    inner = torch_optimizer(optimizer)
-    return capture_refusal(Strategy.of(accelerator), config, optimizer_name(inner if inner is not None else optimizer))
 
 
 def optimizer_name(optimizer: Any) -> str:
@@ -258,16 +253,17 @@ def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> N
 
 
 def build_step(
-    accelerator: Accelerator, config: TrainConfig, model: nn.Module, optimizer: Any, batch_shape: tuple[int, ...]
-) -> EagerStep | GraphedStep:
-    """The run's step: captured where `config.cuda_graph` asks and the run allows it, else eager
+    accelerator: Accelerator, config: TrainConfig, model: nn.Module, optimizer: Any, batch_shape: tuple[int, ...],
+    plan: StepPlan,
+) -> EagerStep | GraphedStep:  # fmt: skip
+    """The run's step: captured where the run's `plan` (resolved.StepPlan, decided once) says so, else eager
     (and, where capture was asked for, one line saying why). Its `facts` go to results.json."""
     eager = EagerStep(accelerator, config, model, optimizer)
     if not config.cuda_graph:
         return eager
-    reason = why_eager(accelerator, config, optimizer)
+    reason = plan.why_eager
     inner = torch_optimizer(optimizer)
-    if reason is None and inner is not None:
+    if plan.captured and inner is not None:
         try:
             warmup = DDP_WARMUP_ITERATIONS if captures_under_ddp(accelerator, config) else WARMUP_ITERATIONS
             graphed = GraphedStep(eager, inner, batch_shape, warmup)

@@ -15,6 +15,7 @@ from accel_mnist.distributed.direct_step import captures_under_ddp, ddp_side_str
 from accel_mnist.distributed.option_rules import capture_refusal
 from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.optim import build_optimizer, optimizer_class_name
+from accel_mnist.training.resolved import StepPlan
 from accel_mnist.training.step import (
     EagerStep,
     build_step,
@@ -22,7 +23,6 @@ from accel_mnist.training.step import (
     make_capturable,
     optimizer_name,
     to_memory_format,
-    why_eager,
 )
 
 
@@ -38,43 +38,55 @@ def _adam(params=None):
     return torch.optim.Adam(params or [torch.nn.Parameter(torch.ones(2))], lr=1e-2)
 
 
+def why_eager(accelerator, config: TrainConfig) -> str | None:
+    """The run's plan for `config` (cuda_graph asked) under the strategy `accelerator` set up: why it is eager."""
+    plan = StepPlan.of(Strategy.of(accelerator), config.replace(cuda_graph=True))
+    assert plan.captured is (plan.why_eager is None)
+    return plan.why_eager
+
+
+def plan_of(accelerator, config: TrainConfig) -> StepPlan:
+    return StepPlan.of(Strategy.of(accelerator), config)
+
+
 @pytest.mark.parametrize(
-    "accelerator, config, optimizer, reason",
+    "accelerator, config, reason",
     [
-        (_accelerator("cpu"), {}, _adam(), "the device is cpu; CUDA graphs need a CUDA GPU"),
-        (_accelerator(kind=DistributedType.DEEPSPEED), {}, _adam(), "DEEPSPEED is not captured here"),
-        (_accelerator(kind=DistributedType.FSDP, processes=2), {}, _adam(), "FSDP is not captured here"),
-        (_accelerator(kind=DistributedType.MULTI_CPU, processes=2), {}, _adam(), "MULTI_CPU is not captured here"),
-        (_accelerator(kind=DistributedType.MULTI_GPU, processes=2, accum=2), {}, _adam(), "gradient accumulation"),
-        (_accelerator(accum=2), {}, _adam(), "gradient accumulation"),
-        (_accelerator(), {"max_grad_norm": 1.0}, _adam(), "max_grad_norm: gradient clipping is not captured"),
-        (_accelerator(scaler=object()), {}, _adam(), "fp16's grad scaler"),
-        (_accelerator(precision="fp8"), {}, _adam(), "fp8"),
-        (_accelerator(dynamo=DynamoBackend.INDUCTOR), {}, _adam(), "torch.compile (dynamo_backend inductor)"),
-        (_accelerator(), {}, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), "optimizer SGD"),
-        (_accelerator(), {"scheduler": "onecycle"}, _adam(), "onecycle's cycle_momentum sets Adam's beta1"),
+        (_accelerator("cpu"), {}, "the device is cpu; CUDA graphs need a CUDA GPU"),
+        (_accelerator(kind=DistributedType.DEEPSPEED), {}, "DEEPSPEED is not captured here"),
+        (_accelerator(kind=DistributedType.FSDP, processes=2), {}, "FSDP is not captured here"),
+        (_accelerator(kind=DistributedType.MULTI_CPU, processes=2), {}, "MULTI_CPU is not captured here"),
+        (_accelerator(kind=DistributedType.MULTI_GPU, processes=2, accum=2), {}, "gradient accumulation"),
+        (_accelerator(accum=2), {}, "gradient accumulation"),
+        (_accelerator(), {"max_grad_norm": 1.0}, "max_grad_norm: gradient clipping is not captured"),
+        (_accelerator(scaler=object()), {}, "fp16's grad scaler"),
+        (_accelerator(precision="fp8"), {}, "fp8"),
+        (_accelerator(dynamo=DynamoBackend.INDUCTOR), {}, "torch.compile (dynamo_backend inductor)"),
+        (_accelerator(), {"optimizer": "sgd"}, "optimizer SGD"),
+        (_accelerator(), {"scheduler": "onecycle"}, "onecycle's cycle_momentum sets Adam's beta1"),
     ],
 )  # fmt: skip
-def test_what_cannot_be_captured_is_named(accelerator, config, optimizer, reason):
-    assert reason in why_eager(accelerator, TrainConfig(**config), optimizer)  # type: ignore[arg-type,operator]
+def test_what_cannot_be_captured_is_named(accelerator, config, reason):
+    assert reason in why_eager(accelerator, TrainConfig(**config))  # type: ignore[operator]
+    assert plan_of(accelerator, TrainConfig(**config)) == StepPlan()  # not asked for: eager, nothing to say
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_the_plan_and_the_step_name_each_optimizer_alike(name):
-    """The memory plan and the option tables ask the capture rule before an optimizer exists
-    (optimizer_class_name); the step asks it with the built one: one name for both."""
+    """The step's plan asks the capture rule before an optimizer exists (optimizer_class_name): the
+    name is the built optimizer's own."""
     config = TrainConfig(optimizer=name)
     built = build_optimizer(torch.nn.Linear(2, 2), config)
     assert optimizer_class_name(config) == optimizer_name(built) == type(built).__name__
-    plain = why_eager(_accelerator(), config, built)
-    assert plain == capture_refusal(Strategy.of(_accelerator()), config, optimizer_class_name(config))
+    plain = why_eager(_accelerator(), config)
+    assert plain == capture_refusal(Strategy.of(_accelerator()), config.replace(cuda_graph=True), type(built).__name__)
 
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_ddp_on_cuda_can_be_captured(processes):
     # torchrun --nproc_per_node 1 gives MULTI_GPU with one process too (Accelerate then wraps no DDP).
     accelerator = _accelerator(kind=DistributedType.MULTI_GPU, processes=processes)
-    assert why_eager(accelerator, TrainConfig(), _adam()) is None  # type: ignore[arg-type]
+    assert why_eager(accelerator, TrainConfig()) is None
 
 
 @pytest.mark.parametrize(
@@ -103,7 +115,7 @@ def test_elsewhere_prepare_stays_on_its_stream(device, kind):
 
 def test_onecycle_without_momentum_cycling_can_be_captured():
     config = TrainConfig(scheduler="onecycle", cycle_momentum=False)
-    assert why_eager(_accelerator(), config, _adam()) is None  # type: ignore[arg-type]
+    assert why_eager(_accelerator(), config) is None
 
 
 def test_onecycle_sets_beta1_anew_each_step_unless_told_not_to():
@@ -119,18 +131,16 @@ def test_onecycle_sets_beta1_anew_each_step_unless_told_not_to():
 
 
 def test_one_cuda_process_with_adam_can_be_captured():
-    inner = _adam()
-    prepared = SimpleNamespace(optimizer=inner)  # Accelerate's wrapper: the torch optimizer inside counts
-    assert why_eager(_accelerator(), TrainConfig(), prepared) is None  # type: ignore[arg-type]
-    assert why_eager(_accelerator(precision="bf16"), TrainConfig(optimizer="adamw"), torch.optim.AdamW(
-        [torch.nn.Parameter(torch.ones(2))])) is None  # type: ignore[arg-type]  # fmt: skip
+    assert why_eager(_accelerator(), TrainConfig()) is None
+    assert plan_of(_accelerator(precision="bf16"), TrainConfig(optimizer="adamw", cuda_graph=True)).captured
 
 
 def test_on_the_cpu_the_run_takes_the_eager_step_and_says_why(capsys):
     model = torch.nn.Linear(4, 2)
     accelerator = _accelerator("cpu")
-    step = build_step(accelerator, TrainConfig(cuda_graph=True), model, _adam(list(model.parameters())),
-                      (8, 4))  # type: ignore[arg-type]  # fmt: skip
+    config = TrainConfig(cuda_graph=True)
+    step = build_step(accelerator, config, model, _adam(list(model.parameters())), (8, 4),
+                      plan_of(accelerator, config))  # type: ignore[arg-type]  # fmt: skip
     assert isinstance(step, EagerStep) and not step.captured
     assert step.facts == {"step": "eager", "capture_seconds": 0.0,
                           "eager_reason": "the device is cpu; CUDA graphs need a CUDA GPU"}  # fmt: skip
@@ -139,7 +149,7 @@ def test_on_the_cpu_the_run_takes_the_eager_step_and_says_why(capsys):
 
 def test_without_cuda_graph_nothing_is_said(capsys):
     model = torch.nn.Linear(4, 2)
-    step = build_step(_accelerator(), TrainConfig(), model, _adam(list(model.parameters())), (8, 4))  # type: ignore[arg-type]
+    step = build_step(_accelerator(), TrainConfig(), model, _adam(list(model.parameters())), (8, 4), StepPlan())  # type: ignore[arg-type]
     assert isinstance(step, EagerStep) and step.facts == {"step": "eager", "capture_seconds": 0.0}
     assert capsys.readouterr().out == ""
 

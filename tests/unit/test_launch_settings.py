@@ -23,11 +23,11 @@ def no_accelerate_env(monkeypatch):
 
 def test_grad_accum_unset_resolves_to_the_launchers_value(no_accelerate_env):
     config = TrainConfig()
-    assert check_launch(config).grad_accum == 1 and config.grad_accum == 1  # nothing asked: 1
+    assert check_launch(config).grad_accum == 1 and config.grad_accum is None  # nothing asked: 1; config as given
     no_accelerate_env.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
     config = TrainConfig()
     settings = check_launch(config)
-    assert (settings.grad_accum, config.grad_accum, settings.notes) == (4, 4, [])
+    assert (settings.grad_accum, config.grad_accum, settings.notes) == (4, None, [])
     config = TrainConfig(grad_accum=2)  # set in the training config: it wins, and says so
     settings = check_launch(config)
     assert settings.grad_accum == 2 and config.grad_accum == 2

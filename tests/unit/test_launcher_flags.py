@@ -181,7 +181,7 @@ def test_the_jsons_accumulation_and_zero3_init(env, tmp_path):
     config = TrainConfig(deepspeed_config=ds_json(tmp_path, gradient_accumulation_steps=4,
                                                   zero_optimization={"stage": 3}))  # fmt: skip
     settings = check_launch(config)
-    assert settings.use_deepspeed and config.grad_accum == 4  # the JSON's number, as from a YAML's file
+    assert settings.use_deepspeed and settings.grad_accum == 4  # the JSON's number, as from a YAML's file
     assert settings.notes == [] and zero3_init(settings.deepspeed_json) is False  # no effect, no transformers
     env.setenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", "true")
     assert zero3_init(settings.deepspeed_json) is True

@@ -177,7 +177,10 @@ def test_the_fit_keeps_room_for_split_blocks_only_where_segments_do_not_expand(m
 def test_a_captured_step_is_not_predicted():
     from accel_mnist.distributed.strategy import Strategy
     from accel_mnist.memory.plan import CAPTURED
-    from accel_mnist.training.memory_plan import captured
+    from accel_mnist.training.resolved import StepPlan
+
+    def captured(strategy, config):
+        return StepPlan.of(strategy, config).captured
 
     gpu = Strategy(kind="NO", device="cuda", precision="bf16")
     graph = TrainConfig(cuda_graph=True, scheduler="onecycle", cycle_momentum=False)
@@ -237,7 +240,7 @@ def test_a_batch_size_auto_run_saves_the_batch_it_ran_and_is_found_again(synthet
                          resume_from="auto", max_batch_size=48)  # fmt: skip
     first = train(config)
     # config.json names the batch that ran, without the bound that only `auto` takes.
-    saved = config.replace(batch_size=32, max_batch_size=None).to_dict()
+    saved = config.replace(batch_size=32, max_batch_size=None, grad_accum=1).to_dict()  # and the accumulation
     assert json.loads((out / "config.json").read_text()) == saved
     assert (first["batch_size"], first["batch_size_auto"], settled) == (32, True, [32])
     assert train(config) == first and settled == [32]  # finished: returned as it is, nothing settled again
