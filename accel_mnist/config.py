@@ -170,6 +170,14 @@ class TrainConfig:
     checkpoint_every: int = field(
         default=0, metadata={"help": "also checkpoint every N optimizer steps (0: only at epoch ends)"}
     )
+    profile: int = field(
+        default=0,
+        metadata={
+            "help": "record N optimizer steps after the first with torch's profiler (Accelerate's ProfileKwargs): "
+            "a trace per process in <output-dir>/profile/, the top operations, kernels and microseconds per step "
+            "printed and kept in results.json (0: off)"
+        },
+    )
     save_checkpoints: bool = field(default=True, metadata={"help": "write checkpoints at all"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
     resume_from: str | None = field(
@@ -223,7 +231,7 @@ class TrainConfig:
         _choice("data_loader", self.data_loader, DATA_LOADERS)
         _at_least("keep_checkpoints", self.keep_checkpoints, 1)
         _at_least("max_nonfinite", self.max_nonfinite, 1)
-        for key in ("eval_every", "num_workers", "checkpoint_every"):
+        for key in ("eval_every", "num_workers", "checkpoint_every", "profile"):
             _at_least(key, getattr(self, key), 0)
         if self.max_steps is not None:
             _at_least("max_steps", self.max_steps, 1)

@@ -29,6 +29,7 @@ from .clock import TrainingClock
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
+from .profiling import StepProfiler
 from .records import metrics_row, results_record
 from .resolved import ResolvedRun
 from .state import Progress, RunDescription
@@ -72,6 +73,7 @@ class TrainingRun:
         sums, rank = self.progress.loss_sums, self.accelerator.process_index
         self.losses = LossTally(self.accelerator.device, sums[rank] if sums else 0.0)
         self.clock = TrainingClock(self.progress, self.losses.fold)
+        self.profiler = StepProfiler(self.accelerator, self.config.profile, self.config.output_dir)
         quiet = self.config.quiet or not self.accelerator.is_main_process
         self.bar = tqdm(
             total=self.cadence.total_steps,
@@ -102,41 +104,43 @@ class TrainingRun:
         self.model.train()
         warming_up, samples_before = True, state.samples  # the first optimizer step of this process
         finished = cadence.out_of_steps(state.step)
-        while not finished:
-            self.clock.start()
-            for inputs, labels in self.data.epoch(state.epoch, skip=state.batches_in_epoch):
-                loss = self.micro_batch(inputs, labels)
-                if not self.accelerator.sync_gradients:
-                    continue
-                self.step_schedule()
-                self.losses.end_step()
-                state.step += 1
-                if warming_up:
-                    warming_up = False
-                    self.clock.time_warmup(loss, state.samples - samples_before)
-                state.skipped_steps += int(self.optimizer.step_was_skipped)
-                self.bar.update(1)
-                if cadence.check_due(state.step):
-                    self.check()
-                    if not self.bar.disable:
-                        self.bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-                end_of_epoch = state.batches_in_epoch == self.batches
-                if end_of_epoch:
-                    state.epoch, state.batches_in_epoch = state.epoch + 1, 0
-                finished = cadence.out_of_steps(state.step)
-                if cadence.evaluate_due(state.step, end_of_epoch):
-                    with self.clock.paused():
-                        self.evaluate()
-                    # The accuracy was gathered, so every rank stops at the same step.
-                    finished = cadence.finished(state.step, self.metrics["test_accuracy"])
-                # A signal: save this step, whatever the schedule.
-                if cadence.checkpoint_due(state.step, end_of_epoch, finished) or stop.agreed:
-                    with self.clock.paused():
-                        self.save()
-                if stop.agreed and not finished:
-                    self.preempt()
-                if finished:
-                    break
+        with self.profiler:  # --profile: a window of steps after the first (training/profiling.py)
+            while not finished:
+                self.clock.start()
+                for inputs, labels in self.data.epoch(state.epoch, skip=state.batches_in_epoch):
+                    loss = self.micro_batch(inputs, labels)
+                    if not self.accelerator.sync_gradients:
+                        continue
+                    self.step_schedule()
+                    self.losses.end_step()
+                    state.step += 1
+                    self.profiler.step()
+                    if warming_up:
+                        warming_up = False
+                        self.clock.time_warmup(loss, state.samples - samples_before)
+                    state.skipped_steps += int(self.optimizer.step_was_skipped)
+                    self.bar.update(1)
+                    if cadence.check_due(state.step):
+                        self.check()
+                        if not self.bar.disable:
+                            self.bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+                    end_of_epoch = state.batches_in_epoch == self.batches
+                    if end_of_epoch:
+                        state.epoch, state.batches_in_epoch = state.epoch + 1, 0
+                    finished = cadence.out_of_steps(state.step)
+                    if cadence.evaluate_due(state.step, end_of_epoch):
+                        with self.clock.paused():
+                            self.evaluate()
+                        # The accuracy was gathered, so every rank stops at the same step.
+                        finished = cadence.finished(state.step, self.metrics["test_accuracy"])
+                    # A signal: save this step, whatever the schedule.
+                    if cadence.checkpoint_due(state.step, end_of_epoch, finished) or stop.agreed:
+                        with self.clock.paused():
+                            self.save()
+                    if stop.agreed and not finished:
+                        self.preempt()
+                    if finished:
+                        break
         self.bar.close()
 
     def micro_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -229,7 +233,13 @@ class TrainingRun:
             self.metrics,
             self.confusion_matrix,
             steps_per_epoch=self.steps_per_epoch,
-            facts={**self.facts, **self.step.facts, "changes": self.changes(), "memory": self.memory.results()},
+            facts={
+                **self.facts,
+                **self.step.facts,
+                "changes": self.changes(),
+                "memory": self.memory.results(),
+                **self.profiler.results(),
+            },  # fmt: skip
             wall_seconds=time.perf_counter() - start,
         )
         self.run_dir.write_results(results)
