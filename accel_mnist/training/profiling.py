@@ -63,8 +63,9 @@ class StepProfiler:
         # On a signal or an error the profiler stops without writing a trace or waiting for other ranks.
         self._stack.__exit__(kind, value, trace)
         if kind is None:  # the trace is written (every rank), and every rank has reached this point
-            self.found = summary(self._profiler, self.steps, self.on_gpu, self.folder, self.accelerator)
-            self.accelerator.print(table(self.found) if self.found else "profile: the run ended before its steps")
+            self.found = profile_summary(self._profiler, self.steps, self.on_gpu, self.folder, self.accelerator)
+            ended = "profile: the run ended before its steps"  # a resumed run past its window
+            self.accelerator.print(profile_table(self.found) if self.found else ended)
 
     def results(self) -> dict[str, Any]:
         """results.json's `profile` (empty where nothing was recorded)."""
@@ -78,7 +79,7 @@ def check_steps(steps: int, total_steps: int) -> None:
                          f"this run has {total_steps}")  # fmt: skip
 
 
-def summary(profiler: Any, steps: int, on_gpu: bool, folder: Path, accelerator: Accelerator) -> dict[str, Any]:
+def profile_summary(profiler: Any, steps: int, on_gpu: bool, folder: Path, accelerator: Accelerator) -> dict[str, Any]:
     """What `steps` recorded steps took: per step the wall time (the profiler's step annotations), the
     device time and the kernels launched (on a CPU: aten operations), and the operations that took most."""
     averages = profiler.key_averages()
@@ -103,8 +104,8 @@ def summary(profiler: Any, steps: int, on_gpu: bool, folder: Path, accelerator: 
     }
 
 
-def table(found: dict[str, Any]) -> str:
-    """The printed form of `summary`: one line of totals, then the operations that took most time."""
+def profile_table(found: dict[str, Any]) -> str:
+    """The printed form of `profile_summary`: one line of totals, then the operations that took most time."""
     count = (f"{found['kernels_per_step']} kernels" if "kernels_per_step" in found
              else f"{found['aten_ops_per_step']} aten ops")  # fmt: skip
     device = f", {found['device_us_per_step']} us on the device" if found["device_us_per_step"] else ""
