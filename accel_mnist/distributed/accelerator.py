@@ -32,6 +32,7 @@ from ..launch.launchers import (
 )
 from ..launch.optim_sections import check_deepspeed_optim
 from ..launch.settings import LaunchSettings, check_launch
+from ..precision import is_sixteen_bit
 from .deepspeed_ops import align_cuda_arch_list
 from .deepspeed_plugin import fresh_json_values, process_deepspeed_plugin
 from .strategy import Strategy
@@ -154,7 +155,7 @@ def _align_deepspeed(accelerator: Accelerator, config: TrainConfig, grad_accum: 
         ds[key] = value
     # Accelerate keeps its own copy of the accumulation steps and checks it against DeepSpeed's.
     plugin.gradient_accumulation_steps = grad_accum
-    if accelerator.mixed_precision in ("fp16", "bf16"):
+    if is_sixteen_bit(accelerator.mixed_precision):
         # DeepSpeed 0.19 casts the parameters to 16 bits but keeps the buffers in fp32, unless
         # data_types.buffer_dtype says otherwise: BatchNorm's running statistics then no longer
         # match its weights ("Expected running_mean to have type Half but got Float";

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from ..precision import is_sixteen_bit
 from .strategy import Strategy
-
-SIXTEEN_BIT = {"fp16": torch.float16, "bf16": torch.bfloat16}  # the precisions that cast weights or buffers
 
 
 def channels_last_change(strategy: Strategy) -> str | None:
@@ -45,7 +42,7 @@ def buffers_change(strategy: Strategy, has_float_buffers: bool) -> str | None:
     statistics then accumulate in 16 bits, as under DeepSpeed (whose buffer_dtype accelerator.py
     sets).
     """
-    if strategy.kind != "FSDP" or strategy.fsdp_version != 2 or strategy.precision not in ("fp16", "bf16"):
+    if strategy.kind != "FSDP" or strategy.fsdp_version != 2 or not is_sixteen_bit(strategy.precision):
         return None
     if not has_float_buffers:
         return None

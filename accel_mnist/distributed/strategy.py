@@ -19,11 +19,11 @@ from typing import Any
 
 from ..caller import setting
 from ..errors import UsageError
+from ..precision import is_sixteen_bit
 
 # Strategies in which every process holds the whole model and optimizer (DistributedType is a str
 # enum, so its members compare equal to these names).
 REPLICATED = ("NO", "MULTI_CPU", "MULTI_GPU")
-SIXTEEN_BIT_NAMES = ("fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Strategy:
         ("Expected running_mean to have type Float but got BFloat16": an fp32 copy beside FSDP2's
         16-bit BatchNorm buffers).
         """
-        sixteen = self.precision if self.precision in SIXTEEN_BIT_NAMES else None
+        sixteen = self.precision if is_sixteen_bit(self.precision) else None
         if self.kind == "DEEPSPEED":
             return CopyPrecision(sixteen, autocast=False)
         if self.kind == "FSDP":

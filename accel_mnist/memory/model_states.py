@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..precision import weight_bytes
+
 KINDS = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "offloaded_bytes")
 NAMES = ("parameters", "gradients", "optimizer states", "offloaded")
 FP32 = 4
@@ -112,7 +114,7 @@ def predict(numels: Sequence[int], setup: Setup) -> dict[str, int]:
 
 def _width(setup: Setup) -> int:
     """Bytes of one parameter as DeepSpeed keeps it: 16-bit under fp16/bf16 (fp8 trains in bf16 there)."""
-    return 2 if setup.mixed_precision in ("fp16", "bf16", "fp8") else FP32
+    return weight_bytes(setup.mixed_precision)
 
 
 def _zero_1_2(psi: int, setup: Setup) -> dict[str, tuple[float, float]]:

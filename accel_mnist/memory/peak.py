@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..caller import setting
+from ..precision import is_sixteen_bit, weight_bytes
 from .model_states import FP32, KINDS, Setup, format_bytes, predict
 
 MIB = 1 << 20
@@ -78,7 +79,7 @@ class PeakInputs:
 
 
 def _width(setup: Setup) -> int:
-    return 2 if setup.mixed_precision in ("fp16", "bf16", "fp8") else FP32
+    return weight_bytes(setup.mixed_precision)
 
 
 def phases(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> dict[str, int]:
@@ -117,7 +118,7 @@ def phases(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> dict[str,
         evaluate = rest + w * psi + act_eval
         step = rest + grads + temp
     else:
-        cast = 2 * inputs.cast_numel if setup.mixed_precision in ("fp16", "bf16") else 0
+        cast = 2 * inputs.cast_numel if is_sixteen_bit(setup.mixed_precision) else 0
         buckets = FP32 * psi if n > 1 else 0  # DDP's flat gradient buckets beside .grad
         train = rest + grads + cast + act + buckets
         evaluate = rest + act_eval

@@ -27,9 +27,9 @@ from torch import nn
 
 from ..caller import setting
 from ..config import TrainConfig
-from ..distributed.option_rules import SIXTEEN_BIT
 from ..distributed.strategy import Strategy
 from ..errors import UsageError
+from ..precision import SIXTEEN_BIT
 from .model_states import Setup, format_bytes
 from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak, reserved_peak, why_nothing_fits
 from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs

@@ -10,8 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .profiling import check_steps
-
 
 @dataclass(frozen=True)
 class Cadence:
@@ -29,10 +27,8 @@ class Cadence:
         """The cadence a TrainConfig asks for: its epochs of `steps_per_epoch` optimizer steps, cut at
         `max_steps` where set."""
         total_steps = steps_per_epoch * config.epochs
-        total_steps = min(total_steps, config.max_steps) if config.max_steps else total_steps
-        check_steps(config.profile, total_steps)  # the profile's window fits the run, before anything is written
         return cls(
-            total_steps=total_steps,
+            total_steps=min(total_steps, config.max_steps) if config.max_steps else total_steps,
             log_every=config.log_every,
             eval_every=config.eval_every,
             checkpoint_every=config.checkpoint_every,

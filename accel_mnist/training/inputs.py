@@ -19,12 +19,13 @@ from ..data.catalog import read_dataset
 from ..data.own import own_splits
 from ..data.tensor_dataset import build_datasets
 from ..distributed.consensus import agree
-from ..distributed.option_rules import SIXTEEN_BIT, buffers_change, cast_float_buffers, float_buffers
+from ..distributed.option_rules import buffers_change, cast_float_buffers, float_buffers
 from ..distributed.prepare import check_model
 from ..distributed.strategy import Strategy
 from ..errors import UsageError, one_line
 from ..model_output import logits_of
 from ..models import INPUT_SHAPE, build_model, num_parameters
+from ..precision import SIXTEEN_BIT
 from .step import to_memory_format
 
 

@@ -27,9 +27,9 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed.option_rules import SIXTEEN_BIT
 from ..distributed.strategy import AS_PREPARED_ELSEWHERE, CopyPrecision, Strategy
 from ..model_output import logits_of
+from ..precision import SIXTEEN_BIT
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .step import batch_loss, step_input

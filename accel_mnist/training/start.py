@@ -33,6 +33,7 @@ from .loaders import Loaders
 from .memory_plan import plan_memory
 from .preemption import StopSignals
 from .prewarm import prewarm_run
+from .profiling import check_steps
 from .records import versions
 from .resolved import ResolvedRun, StepPlan
 from .run import TrainingRun
@@ -114,8 +115,10 @@ def _describe(
     run_data: RunData,
     built: RunModel,
 ) -> RunDescription:
-    """Check a checkpoint (at `progress`, of the run `was`) against this run on every rank (resuming),
-    then describe this run: its strategy, config and length, its model and data (`built`)."""
+    """Check a checkpoint (at `progress`, of the run `was`) against this run on every rank (resuming) and
+    that a `--profile` window fits the run, then describe this run: its strategy, config and length, its
+    model and data (`built`)."""
+    check_steps(config.profile, total_steps)
     if resume:
         settings, data_fields = config.to_dict(), run_data.state_fields
         consensus.agree(
