@@ -8,6 +8,7 @@ so that configs and exported models can refer to them.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import sys
@@ -183,3 +184,15 @@ def mlp_num_parameters(hidden: tuple[int, ...], num_classes: int = 10) -> int:
 def num_parameters(model: nn.Module) -> int:
     """Number of parameters (elements, not tensors)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def throwaway_copy(model: nn.Module, device: torch.device | None = None, dtype: torch.dtype | None = None) -> nn.Module:
+    """A deep copy of `model` for work whose results are thrown away (the prewarm step, the memory probe,
+    DeepSpeed's scratch engine): on `device` and in `dtype` where given, as the strategy will hold the real
+    one (None: as it is now). The model itself is left untouched."""
+    twin = copy.deepcopy(model)
+    if device is not None:
+        twin = twin.to(device)
+    if dtype is not None:
+        twin = twin.to(dtype)
+    return twin

@@ -23,7 +23,6 @@ trace stays, the weaker of the two.
 
 from __future__ import annotations
 
-import copy
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from ..models import throwaway_copy
 
 PROBE_LIMIT = 1024  # the largest batch probed: a few hundred MiB for the built-in models
 OFF_LINE = 0.10  # a probed point this far (relative) from the fitted line: the line is not trusted
@@ -112,9 +113,7 @@ def measure(
     twin: nn.Module | None = None
     try:
         with torch.random.fork_rng(devices=[device.index or 0], device_type="cuda"):
-            twin = copy.deepcopy(model).to(device)
-            if dtype is not None:
-                twin.to(dtype)
+            twin = throwaway_copy(model, device, dtype)
             source = (examples if examples is not None else torch.zeros(1, *input_shape)).to(device)
             twin.train()
             train = [(b, _train_bytes(twin, b, device, source, loss, autocast)) for b in batches]

@@ -16,7 +16,6 @@ docs/measurements.md#trainingprewarmpy).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -29,6 +28,7 @@ from torch import nn
 from ..config import TrainConfig
 from ..distributed.strategy import AS_PREPARED_ELSEWHERE, CopyPrecision, Strategy
 from ..model_output import logits_of
+from ..models import throwaway_copy
 from ..precision import SIXTEEN_BIT
 from .loaders import Loaders
 from .loss_tally import LossTally
@@ -72,10 +72,8 @@ def prewarm(
     start = time.perf_counter()
     devices = [] if device.type == "cpu" else [device.index or 0]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
-        twin = copy.deepcopy(model).to(device).train()
         weights = SIXTEEN_BIT[precision.weights] if precision.weights else torch.float32
-        if precision.weights:
-            twin.to(weights)
+        twin = throwaway_copy(model, device, weights if precision.weights else None).train()
         autocast = autocast if precision.autocast else nullcontext
         optimizer = build_optimizer(twin, config)
         for size in sorted({config.batch_size, train_samples % config.batch_size} - {0}, reverse=True):

@@ -3,7 +3,6 @@ model, optimizer and schedule prepared, and any checkpoint loaded (training/loop
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from ..distributed.strategy import Strategy
 from ..memory.allocator import settings as allocator_settings
 from ..memory.memory_watch import MemoryWatch, trainable_numels
 from ..memory.plan import PeakPlan
+from ..models import throwaway_copy
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
 from .cadence import Cadence
@@ -87,7 +87,7 @@ def start_run(
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
     peak = peak.with_data_bytes(data.device_bytes())
     # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
-    engine_twin = copy.deepcopy(model) if config.prewarm and strategy.runs_engine else None
+    engine_twin = throwaway_copy(model) if config.prewarm and strategy.runs_engine else None
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, strategy, saved)
     if engine_twin is not None:
         facts["prewarm_engine_seconds"] = prewarm_engine(
