@@ -42,9 +42,11 @@ def main() -> None:
     parser.add_argument("--num-processes", type=int, default=2)
     parser.add_argument("--output-dir", default="outputs/notebook_launch")
     parser.add_argument("--data-dir", default=None, help="IDX files (default: $ACCEL_MNIST_DATA_DIR, else ./data)")
+    parser.add_argument("--port", default="29500", help="the processes' rendezvous port (notebook_launcher's use_port)")
     args = parser.parse_args()
 
-    notebook_launcher(train_fn, (args.max_steps, args.output_dir, args.data_dir), num_processes=args.num_processes)
+    notebook_launcher(train_fn, (args.max_steps, args.output_dir, args.data_dir), num_processes=args.num_processes,
+                      use_port=args.port)  # fmt: skip
 
     results = json.loads((Path(args.output_dir) / "results.json").read_text())
     print(f"{results['distributed_type']} on {results['num_processes']} processes: "

@@ -151,10 +151,17 @@ def run_command(cmd: list[str], *, env: dict | None = None, timeout: int = 600) 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
 
 
+def launch_prefix(launch: list[str]) -> list[str]:
+    """`accelerate launch LAUNCH`, on a port the OS picks unless LAUNCH names one: launches that run side by
+    side (make test's two workers) would otherwise both take 29500, which accelerate's DeepSpeed path does
+    not check before torchrun binds it."""
+    port = [] if "--main_process_port" in launch else ["--main_process_port", "0"]
+    return [str(Path(sys.executable).with_name("accelerate")), "launch", *launch, *port]
+
+
 def run_accel_mnist(*args: str, launch: list[str] | None = None, env: dict | None = None, timeout: int = 600):
     """`python -m accel_mnist ARGS`, or `accelerate launch LAUNCH -m accel_mnist ARGS`, as run_command runs it."""
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    prefix = [accelerate, "launch", *launch] if launch else [sys.executable]
+    prefix = launch_prefix(launch) if launch else [sys.executable]
     return run_command([*prefix, "-m", "accel_mnist", *args], env=env, timeout=timeout)
 
 
@@ -171,8 +178,7 @@ def accelerate_launch(launch_args, train_args, output_dir, *, env=None, timeout=
     Returns (CompletedProcess, results dict or None). On CPU the DeepSpeed configs need
     `--mixed_precision no` among launch_args (fp16 does not run on CPU).
     """
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", *launch_args, "-m", "accel_mnist", "train",
+    cmd = [*launch_prefix(launch_args), "-m", "accel_mnist", "train",
            *train_args, "--output-dir", str(output_dir), "--quiet"]  # fmt: skip
     full_env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
@@ -524,7 +530,7 @@ def command(launch: list[str] | None, out: Path, *extra: str) -> list[str]:
     train_args = ["train", *ARGS, "--output-dir", str(out), *extra]
     if launch is None:
         return [sys.executable, "-m", "accel_mnist", *train_args]
-    return [str(Path(sys.executable).with_name("accelerate")), "launch", *launch, "-m", "accel_mnist", *train_args]
+    return [*launch_prefix(launch), "-m", "accel_mnist", *train_args]
 
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:

@@ -28,6 +28,9 @@ from tests.helpers import (
     train_and_export,
 )
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("e2e/test_predict.py")
+
 MEAN, STD = 0.1307, 0.3081
 
 
@@ -124,9 +127,6 @@ def test_cli_evaluate_and_export(exported, tmp_path):
 PEAK_RSS_SCRIPT = """
 import resource, sys
 from accel_mnist.cli import main
-
-# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
-pytestmark = pytest.mark.xdist_group("e2e/test_predict.py")
 code = main(sys.argv[1:])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 sys.exit(code)

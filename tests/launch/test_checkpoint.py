@@ -16,7 +16,17 @@ import torch
 
 from accel_mnist import TrainConfig, train
 from accel_mnist.run import checkpoint as ckpt
-from tests.helpers import CONFIGS, MNIST_DIR, REPO, final_weights, find_rank, kill_tree, metrics_rows, run_command
+from tests.helpers import (
+    CONFIGS,
+    MNIST_DIR,
+    REPO,
+    final_weights,
+    find_rank,
+    kill_tree,
+    launch_prefix,
+    metrics_rows,
+    run_command,
+)
 
 # mlp has dropout, so an exact resume also needs the RNG state back; eval and checkpoint
 # steps do not line up, so the per-rank loss sums since the last eval must come back too.
@@ -28,8 +38,7 @@ def launch_cmd(launch_args: list[str] | None, out: Path, *extra: str) -> list[st
     train_args = ["train", *RUN_ARGS, "--output-dir", str(out), *extra]
     if launch_args is None:
         return [sys.executable, "-m", "accel_mnist", *train_args]
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    return [accelerate, "launch", *launch_args, "-m", "accel_mnist", *train_args]
+    return [*launch_prefix(launch_args), "-m", "accel_mnist", *train_args]
 
 
 def run_until_checkpoint_then_kill(cmd, out: Path, step: int, timeout=600) -> None:
@@ -169,8 +178,7 @@ else:
 def launch_script(launch: list[str], tmp_path: Path, mode: str, config: TrainConfig):
     script = tmp_path / "fault.py"
     script.write_text(FAULT_SCRIPT)
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    cmd = [accelerate, "launch", *launch, str(script), mode, json.dumps(config.to_dict())]
+    cmd = [*launch_prefix(launch), str(script), mode, json.dumps(config.to_dict())]
     return run_command(cmd)
 
 

@@ -6,12 +6,11 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, launch_prefix
 from tests.unit import test_device_loader_equivalence as equivalence
 from tests.unit.test_device_loader_equivalence import BATCHES, SYNCS, TEST
 
@@ -22,9 +21,8 @@ EQUIVALENCE_SCRIPT = Path(equivalence.__file__)
 @pytest.mark.slow
 def test_outside_prepare_under_two_process_deepspeed_zero2():
     """This file as the script under `accelerate launch`: the same checks on each of 2 ZeRO-2 processes."""
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--config_file", str(REPO / "accelerate_configs" / "zero2.yaml"),
-           "--num_processes", "2", "--mixed_precision", "no", str(EQUIVALENCE_SCRIPT)]  # fmt: skip
+    cmd = [*launch_prefix(["--config_file", str(REPO / "accelerate_configs" / "zero2.yaml"), "--num_processes", "2",
+                           "--mixed_precision", "no"]), str(EQUIVALENCE_SCRIPT)]  # fmt: skip
     # A script's own folder heads its sys.path, so this checkout goes on PYTHONPATH (an installed copy may differ).
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}

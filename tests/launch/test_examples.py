@@ -9,12 +9,13 @@ import re
 
 import pytest
 
-from tests.helpers import CONFIGS, REPO, console_script, run_command, run_example
+from tests.helpers import CONFIGS, REPO, console_script, free_port, run_command, run_example
 
 
 @pytest.mark.slow
 def test_notebook_launch_on_two_cpu_processes(tmp_path, mnist_dir):
-    out = run_example("notebook_launch.py", "--max-steps", "20", "--output-dir", str(tmp_path / "run"))
+    out = run_example("notebook_launch.py", "--max-steps", "20", "--output-dir", str(tmp_path / "run"),
+                      "--port", str(free_port()))  # fmt: skip
     assert "MULTI_CPU on 2 processes" in out
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert (results["num_processes"], results["steps"], results["global_batch_size"]) == (2, 20, 128)
