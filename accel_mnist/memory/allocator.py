@@ -46,3 +46,15 @@ def settings(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """The allocator's variables as this process has them (results.json's `allocator_settings`)."""
     env = os.environ if env is None else env
     return {name: env[name] for name in VARIABLES if env.get(name)}
+
+
+def capacity(device: torch.device) -> int | None:
+    """Bytes this process's allocator may take on `device`: the card's memory times the process's memory
+    fraction (1 unless set); None off CUDA. The one rule for this process's memory (probe.available,
+    the out-of-memory line)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" names no index
+    total = torch.cuda.get_device_properties(index).total_memory
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.6
+    return int(total * (get_fraction(index) if callable(get_fraction) else 1.0))

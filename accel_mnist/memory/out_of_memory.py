@@ -21,7 +21,7 @@ import torch
 from accelerate import Accelerator
 
 from ..errors import OutOfMemory
-from .allocator import EXPANDABLE, expandable_segments
+from .allocator import EXPANDABLE, capacity, expandable_segments
 from .memory_watch import MemoryWatch
 from .model_states import STRATEGIES, format_bytes
 from .peak import FIT_SHARE, fits, largest_batch, why_nothing_fits
@@ -29,16 +29,6 @@ from .peak import FIT_SHARE, fits, largest_batch, why_nothing_fits
 # torch's sizes in its out-of-memory message (c10's format_size: "512 bytes", "20.00 MiB", "2.00 GiB").
 _SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB)"
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-
-
-def capacity(device: torch.device) -> int | None:
-    """Bytes the allocator may take on `device`: its memory times the process's fraction (1 unless set)."""
-    if device.type != "cuda":
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" names no index
-    total = torch.cuda.get_device_properties(index).total_memory
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.6
-    return int(total * (get_fraction(index) if callable(get_fraction) else 1.0))
 
 
 def message_bytes(message: str, pattern: str) -> int | None:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..models import throwaway_copy
+from .allocator import capacity
 
 PROBE_LIMIT = 1024  # the largest batch probed: a few hundred MiB for the built-in models
 OFF_LINE = 0.10  # a probed point this far (relative) from the fitted line: the line is not trusted
@@ -93,10 +94,9 @@ def available(device: torch.device) -> int:
     """Bytes this process's allocator can still reach on `device`: free on the GPU plus what it holds,
     within a per-process memory fraction where one is set."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    free, total = torch.cuda.mem_get_info(index)
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.6
-    cap = int(total * (get_fraction(index) if callable(get_fraction) else 1.0))
-    return min(cap, free + torch.cuda.memory_reserved(index))
+    free, _total = torch.cuda.mem_get_info(index)
+    cap = capacity(torch.device("cuda", index))  # the card times this process's fraction: one rule
+    return min(cap or 0, free + torch.cuda.memory_reserved(index))
 
 
 def measure(
