@@ -29,7 +29,7 @@ from ..caller import setting
 from ..config import TrainConfig
 from ..distributed.strategy import Strategy
 from ..errors import UsageError
-from ..precision import SIXTEEN_BIT
+from ..precision import sixteen_bit_dtype
 from .model_states import Setup, format_bytes
 from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak, reserved_peak, why_nothing_fits
 from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
@@ -108,7 +108,7 @@ def plan_peak(
     probe, why_not_probed = None, ""
     if not checkpointing:  # the probe first: the trace below runs on the meta device and holds no memory
         rule = strategy.copy_precision
-        dtype = SIXTEEN_BIT[rule.weights] if rule.weights else None
+        dtype = sixteen_bit_dtype(rule.weights) if rule.weights else None
         autocast = accelerator.autocast if rule.autocast else nullcontext
         try:
             probe = measure(model, device=device, dtype=dtype, input_shape=input_shape,

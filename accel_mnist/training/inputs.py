@@ -25,7 +25,7 @@ from ..distributed.strategy import Strategy
 from ..errors import UsageError, one_line
 from ..model_output import logits_of
 from ..models import INPUT_SHAPE, build_model, num_parameters
-from ..precision import SIXTEEN_BIT
+from ..precision import sixteen_bit_dtype
 from .step import to_memory_format
 
 
@@ -146,7 +146,7 @@ def run_model(
     module = model_for(accelerator, config, model, data)
     module = to_memory_format(module, config, strategy)
     if buffers_change(strategy, float_buffers(module)):  # said in the run's changes (training/start.py)
-        cast_float_buffers(module, SIXTEEN_BIT[strategy.precision])
+        cast_float_buffers(module, sixteen_bit_dtype(strategy.precision))
     check_model(accelerator, module)
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)

@@ -29,7 +29,7 @@ from ..config import TrainConfig
 from ..distributed.strategy import AS_PREPARED_ELSEWHERE, CopyPrecision, Strategy
 from ..model_output import logits_of
 from ..models import throwaway_copy
-from ..precision import SIXTEEN_BIT
+from ..precision import sixteen_bit_dtype
 from .loaders import Loaders
 from .loss_tally import LossTally
 from .step import batch_loss, step_input
@@ -72,7 +72,7 @@ def prewarm(
     start = time.perf_counter()
     devices = [] if device.type == "cpu" else [device.index or 0]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
-        weights = SIXTEEN_BIT[precision.weights] if precision.weights else torch.float32
+        weights = sixteen_bit_dtype(precision.weights) if precision.weights else torch.float32
         twin = throwaway_copy(model, device, weights if precision.weights else None).train()
         autocast = autocast if precision.autocast else nullcontext
         optimizer = build_optimizer(twin, config)
