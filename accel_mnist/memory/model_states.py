@@ -112,13 +112,8 @@ def predict(numels: Sequence[int], setup: Setup) -> dict[str, int]:
     return out
 
 
-def _width(setup: Setup) -> int:
-    """Bytes of one parameter as DeepSpeed keeps it: 16-bit under fp16/bf16 (fp8 trains in bf16 there)."""
-    return weight_bytes(setup.mixed_precision)
-
-
 def _zero_1_2(psi: int, setup: Setup) -> dict[str, tuple[float, float]]:
-    n, w = max(setup.num_processes, 1), _width(setup)
+    n, w = max(setup.num_processes, 1), weight_bytes(setup.mixed_precision)
     states = setup.optimizer_states * FP32
     # The fp32 master partition is a copy in either precision (stage_1_and_2.py clones it).
     optimizer = (FP32 + states) * psi / n
@@ -137,7 +132,7 @@ def _zero_1_2(psi: int, setup: Setup) -> dict[str, tuple[float, float]]:
 
 
 def _zero_3(numels: Sequence[int], setup: Setup) -> dict[str, tuple[float, float]]:
-    n, w = max(setup.num_processes, 1), _width(setup)
+    n, w = max(setup.num_processes, 1), weight_bytes(setup.mixed_precision)
     psi = sum(numels)
     states = setup.optimizer_states * FP32
     # Small parameters stay whole on every process, besides their partition (which, on one

@@ -78,13 +78,9 @@ class PeakInputs:
         return self.train_activation_bytes + self.train_activation_fixed
 
 
-def _width(setup: Setup) -> int:
-    return weight_bytes(setup.mixed_precision)
-
-
 def phases(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> dict[str, int]:
     """Bytes on the device at rest and at each moment's peak (the largest is the prediction)."""
-    psi, n, w = sum(numels), max(setup.num_processes, 1), _width(setup)
+    psi, n, w = sum(numels), max(setup.num_processes, 1), weight_bytes(setup.mixed_precision)
     states = predict(numels, setup)
     params, grads, optim = (states[k] for k in KINDS[:3])
     temp = 0 if setup.offload_optimizer else STEP_TEMPORARIES.get(inputs.optimizer, 1) * FP32 * psi // n
