@@ -46,7 +46,8 @@ def variant(model_name: str, batch: int, steps: int, profile_steps: int, graph: 
     from accel_mnist.distributed.accelerator import build_accelerator
     from accel_mnist.distributed.prepare import prepare
     from accel_mnist.models import build_model
-    from accel_mnist.training.step import build_step, to_memory_format
+    from accel_mnist.training.captured_step import build_step
+    from accel_mnist.training.step import to_memory_format
 
     config = TrainConfig(model=model_name, batch_size=batch, lr=1e-2, scheduler="onecycle", cycle_momentum=False,
                          cuda_graph=graph,

@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from ..config import TrainConfig
-from ..optim import build_optimizer as torch_optimizer
+from ..optim import build_optimizer as build_torch_optimizer
 from ..optim import torch_scheduler
 
 
@@ -29,7 +29,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig, deepspeed_plugin: Any
         return DummyOptim(
             model.parameters(), lr=section.get("lr", config.lr), weight_decay=section.get("weight_decay", 0.0)
         )
-    return torch_optimizer(model, config)
+    return build_torch_optimizer(model, config)
 
 
 def build_scheduler(

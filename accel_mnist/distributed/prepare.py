@@ -11,8 +11,9 @@ from accelerate.logging import get_logger
 
 from ..config import TrainConfig
 from ..errors import UsageError
+from .ddp_capture import ddp_side_stream
 from .deepspeed_optim import build_optimizer, build_scheduler
-from .direct_step import allocate_optimizer_state, ddp_side_stream, direct_steps
+from .lean_steps import direct_steps
 from .strategy import Strategy
 
 logger = get_logger(__name__)
@@ -112,3 +113,28 @@ def _report_fp8(accelerator: Accelerator, model: torch.nn.Module) -> None:
     if not converted:
         raise UsageError(_NO_FP8_LAYER.format(backend=_fp8_backend(accelerator)))
     logger.info(f"fp8 ({_fp8_backend(accelerator)}) layers: {', '.join(converted)}")
+
+
+def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its per-parameter state slots, leaving the parameters unchanged.
+
+    Accelerate loads an FSDP1 SHARDED_STATE_DICT optimizer checkpoint into the slots that
+    `FSDP.optim_state_dict(model, optimizer)` has at that moment; a fresh Adam has none, so the
+    moments and step counts would be silently dropped and the resumed run would drift from the
+    uninterrupted one (measured: docs/measurements.md#distributedpreparepy). torch's own
+    get_optimizer_state_dict (the FSDP2 path) allocates them the same way first: one step with zero
+    gradients at lr 0. The checkpoint then overwrites every slot; the cost is one optimizer step per
+    resume.
+    """
+    if optimizer.state:
+        return
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = torch.zeros_like(group["lr"]) if isinstance(group["lr"], torch.Tensor) else 0.0
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)

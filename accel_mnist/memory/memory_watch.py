@@ -28,7 +28,7 @@ import torch
 from accelerate import Accelerator
 
 from ..config import TrainConfig
-from ..distributed.direct_step import torch_optimizer
+from ..distributed.lean_steps import torch_optimizer
 from ..distributed.strategy import Strategy
 from .model_states import KINDS, OPTIMIZER_STATES, PERSISTENCE_THRESHOLD, Setup, predict, summary_line
 from .peak import PeakInputs

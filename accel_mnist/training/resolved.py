@@ -27,7 +27,7 @@ def with_launch(accelerator: Accelerator, config: TrainConfig) -> TrainConfig:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Whether the step is captured as a CUDA graph (training/step.py), decided once from the strategy
+    """Whether the step is captured as a CUDA graph (training/captured_step.py), decided once from the strategy
     and the config: `why_eager` says why not where `cuda_graph` asked for it."""
 
     captured: bool = False

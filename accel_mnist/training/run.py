@@ -25,6 +25,7 @@ from ..optim import is_constant
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
 from .cadence import Cadence
+from .captured_step import GraphedStep, build_step
 from .clock import TrainingClock
 from .loaders import Loaders
 from .loss_tally import LossTally
@@ -34,7 +35,7 @@ from .records import metrics_row, results_record
 from .resolved import ResolvedRun
 from .state import Progress, RunDescription
 from .state import saved as saved_state
-from .step import EagerStep, GraphedStep, build_step
+from .step import EagerStep
 
 
 def _nothing() -> None:
@@ -89,8 +90,8 @@ class TrainingRun:
         return self.resolved.config
 
     def _build_step(self) -> None:
-        """The run's step (training/step.py): built after any checkpoint is loaded, since capture records
-        the optimizer state tensors it finds; and after the run exists, so that running out of memory
+        """The run's step (captured_step.build_step): built after any checkpoint is loaded, since capture
+        records the optimizer state tensors it finds; and after the run exists, so that running out of memory
         while capturing still reports this run's memory."""
         batch_shape = (self.config.batch_size, *self.described.input_shape)
         self.step = build_step(self.accelerator, self.config, self.model, self.optimizer, batch_shape,

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 from accel_mnist import TrainConfig  # noqa: E402
 from accel_mnist.distributed.accelerator import build_accelerator
 from accel_mnist.distributed.prepare import prepare  # noqa: E402
-from accel_mnist.training.step import build_step  # noqa: E402
+from accel_mnist.training.captured_step import build_step  # noqa: E402
 
 STEPS, BATCH, SMALL = 20, 64, 10  # batch SMALL has half the samples
 

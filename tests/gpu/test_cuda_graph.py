@@ -12,7 +12,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from accel_mnist import TrainConfig
-from accel_mnist.distributed.direct_step import ddp_side_stream
+from accel_mnist.distributed.ddp_capture import ddp_side_stream
 from tests.helpers import REPO, console_script, final_weights, run_accel_mnist, run_command
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

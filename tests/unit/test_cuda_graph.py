@@ -11,19 +11,13 @@ from accelerate.utils import DistributedType, DynamoBackend
 
 from accel_mnist import TrainConfig
 from accel_mnist.config import OPTIMIZERS
-from accel_mnist.distributed.direct_step import captures_under_ddp, ddp_side_stream
+from accel_mnist.distributed.ddp_capture import captures_under_ddp, ddp_side_stream
 from accel_mnist.distributed.option_rules import capture_refusal
 from accel_mnist.distributed.strategy import Strategy
 from accel_mnist.optim import build_optimizer, optimizer_class_name
+from accel_mnist.training.captured_step import build_step, hyperparameters, make_capturable, optimizer_name
 from accel_mnist.training.resolved import StepPlan
-from accel_mnist.training.step import (
-    EagerStep,
-    build_step,
-    hyperparameters,
-    make_capturable,
-    optimizer_name,
-    to_memory_format,
-)
+from accel_mnist.training.step import EagerStep, to_memory_format
 
 
 def _accelerator(device="cuda", kind=DistributedType.NO, processes=1, accum=1, scaler=None, precision="no",
@@ -216,7 +210,7 @@ def _steps(model, optimizer, n, seed):
 def test_the_warm_up_before_capture_is_undone_bit_for_bit(trained_before):
     import copy
 
-    from accel_mnist.training.step import Snapshot
+    from accel_mnist.training.captured_step import Snapshot
 
     model = _bn_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -69,7 +69,7 @@ def test_allocated_optimizer_state_changes_nothing_a_checkpoint_does_not_overwri
 
     import torch
 
-    from accel_mnist.distributed.direct_step import allocate_optimizer_state
+    from accel_mnist.distributed.prepare import allocate_optimizer_state
 
     def make(model):
         if name == "sgd":

@@ -9,7 +9,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 
-from accel_mnist.distributed.direct_step import DirectStep, MicroStep, direct_steps
+from accel_mnist.distributed.lean_steps import DirectStep, StepCalls, direct_steps
 
 
 def _prepared(scaler=None):
@@ -77,13 +77,13 @@ def _micro(kind=DistributedType.NO, accum=1, scaler=None, sync=True):
         accumulate=lambda model: calls.append(("accumulate", model)) or contextlib.nullcontext(),
         backward=lambda loss: calls.append(("backward", loss)),
     )  # fmt: skip
-    return MicroStep(accelerator, "model"), calls  # type: ignore[arg-type]
+    return StepCalls(accelerator), calls  # type: ignore[arg-type]
 
 
 def test_one_micro_batch_per_step_needs_neither_accumulate_nor_the_division():
     micro, calls = _micro()
     param = torch.nn.Parameter(torch.tensor(3.0))
-    with micro.accumulate():
+    with micro.accumulate("model"):
         micro.backward(param * 2)
     assert calls == [] and param.grad == 2.0  # loss.backward() itself: nothing divided
 
@@ -94,7 +94,7 @@ def test_one_micro_batch_per_step_needs_neither_accumulate_nor_the_division():
 )  # fmt: skip
 def test_accumulation_or_other_strategies_keep_accelerates_calls(kwargs):
     micro, calls = _micro(**kwargs)
-    with micro.accumulate():
+    with micro.accumulate("model"):
         micro.backward(torch.tensor(1.0))
     assert [name for name, _ in calls] == ["accumulate", "backward"]
 
@@ -102,14 +102,14 @@ def test_accumulation_or_other_strategies_keep_accelerates_calls(kwargs):
 def test_a_stale_sync_flag_is_left_to_accelerate_to_set():
     # sync_gradients=False with one micro-batch per step: an earlier run in the process left it.
     micro, calls = _micro(sync=False)
-    with micro.accumulate():
+    with micro.accumulate("model"):
         pass
     assert [name for name, _ in calls] == ["accumulate"]
 
 
 def test_a_grad_scaler_keeps_accelerates_backward():
     micro, calls = _micro(scaler=object())
-    with micro.accumulate():
+    with micro.accumulate("model"):
         micro.backward(torch.tensor(1.0))
     assert [name for name, _ in calls] == ["backward"]  # the scaler scales the loss there
 

@@ -21,7 +21,7 @@ def test_the_captured_recipe_is_fast99_with_the_step_captured():
     recipes = REPO / "recipes"
     plain, graph = (yaml.safe_load((recipes / name).read_text()) for name in ("fast99.yaml", "fast99_graph.yaml"))
     TrainConfig.from_dict(graph)
-    # cycle_momentum off: a captured step holds beta1 constant (training/step.py).
+    # cycle_momentum off: a captured step holds beta1 constant (training/captured_step.py).
     changed = {k: graph[k] for k in graph if plain.get(k) != graph[k]}
     assert changed == {"cycle_momentum": False, "cuda_graph": True, "channels_last": True,
                        "output_dir": "outputs/fast99_graph"}  # fmt: skip
