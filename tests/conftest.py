@@ -19,14 +19,33 @@ TIERS = ("unit", "e2e", "launch", "gpu")
 TESTS = Path(__file__).resolve().parent
 
 
+def pytest_configure(config):
+    """Stop a `--dist loadgroup` run that pytest-xdist cannot group (pytest-dev/pytest-xdist#1386: from
+    pytest 9.2 the group it appends to each node id is dropped): each worker would make a module's
+    shared runs again, minutes more, and nothing would say why."""
+    if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+
+    xdist_version = tuple(int(part) for part in xdist.__version__.split(".")[:3])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8, 0):
+        raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} does not keep "
+                                "--dist loadgroup's groups: install the dev extra (pytest<9.2)")  # fmt: skip
+
+
+# Started first under `make test`, the longest single units (tests/launch: the CPU pair matrix is one
+# test of several minutes, the option matrix's groups the next longest; benchmarks/results/*-ci/
+# durations.txt): started last, they would run alone on one worker at the end.
+FIRST = ("launch/test_pairs.py", "launch/test_matrix.py")
+ORDER = {"launch": 0, "e2e": 1, "unit": 2, "gpu": 3}
+
+
+@pytest.hookimpl(trylast=True)  # sorted after every other hook has added or removed items
 def pytest_collection_modifyitems(config, items):
     cuda = None
     for item in items:
-        try:
-            tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
-        except ValueError:  # a test file outside tests/
-            continue
-        if tier not in TIERS:
+        tier = _tier(item)
+        if tier is None:
             continue
         item.add_marker(tier)
         if tier == "gpu":
@@ -36,6 +55,26 @@ def pytest_collection_modifyitems(config, items):
                 cuda = torch.cuda.is_available()
             if not cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+    items.sort(key=_module_rank(items))
+
+
+def _tier(item) -> str | None:
+    try:
+        tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
+    except ValueError:  # a test file outside tests/
+        return None
+    return tier if tier in TIERS else None
+
+
+def _module_rank(items):
+    """The order the workers take modules in: the longest launches first, then the other slow modules,
+    launch, e2e and unit; a module's items stay together (a module-scoped run is then made once)."""
+    ranks: dict[Path, tuple[int, int]] = {}
+    for item in items:
+        name = Path(item.path).resolve().relative_to(TESTS).as_posix() if _tier(item) else ""
+        rank = (0 if name in FIRST else 1 if item.get_closest_marker("slow") else 2, ORDER.get(_tier(item), 4))
+        ranks[item.path] = min(ranks.get(item.path, rank), rank)
+    return lambda item: ranks[item.path]
 
 
 @pytest.fixture

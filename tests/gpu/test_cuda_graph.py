@@ -15,7 +15,11 @@ from accel_mnist import TrainConfig
 from accel_mnist.distributed.ddp_capture import ddp_side_stream
 from tests.helpers import REPO, console_script, final_weights, run_accel_mnist, run_command
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.xdist_group("gpu/test_cuda_graph.py"),
+]  # its module-scoped runs made once
 
 # The captured recipe for 130 steps: past the epoch's last, smaller batch (step 118), which takes
 # the eager step between replays; evaluations at 65, 118 (the epoch's end) and 130, checkpoints every 60.

@@ -31,6 +31,9 @@ from accel_mnist.run.checkpoint_weights import FSDP_FULL, FSDP_SHARDED, checkpoi
 from accel_mnist.training.state import Progress, RunDescription, saved
 from tests.helpers import CONFIGS, REPO, accelerate_launch, run_accel_mnist
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("launch/test_fsdp.py")
+
 no_gpu_only = pytest.mark.skipif(is_cuda_available(), reason="about machines without a GPU")
 
 

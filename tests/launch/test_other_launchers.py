@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from accel_mnist.launch.launchers import free_port
 from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch, console_script, real_mnist_present
 
-pytestmark = pytest.mark.slow
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("launch/test_other_launchers.py")]
 
 BIN = Path(sys.executable).parent
 DS_JSON = str(CONFIGS / "deepspeed_config.json")  # ZeRO-2, every precision and size "auto": fp32 here

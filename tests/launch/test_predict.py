@@ -6,6 +6,9 @@ import pytest
 
 from tests.helpers import CONFIGS, MNIST_DIR, assert_summary, real_mnist_present, run_accel_mnist, train_and_export
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("launch/test_predict.py")
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):

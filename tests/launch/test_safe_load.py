@@ -16,6 +16,9 @@ import pytest
 from accel_mnist.run import checkpoint as ckpt
 from tests.helpers import CONFIGS, MNIST_DIR, error_lines, plant, real_mnist_present, run_accel_mnist, snapshot
 
+# Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
+pytestmark = pytest.mark.xdist_group("launch/test_safe_load.py")
+
 ZERO2 = ["--config_file", str(CONFIGS / "zero2.yaml"), "--mixed_precision", "no"]
 TRAIN_ARGS = ["--model", "mlp", "--max-steps", "8", "--checkpoint-every", "4", "--eval-every", "0",
               "--no-download", "--quiet", "--no-export", "--eval-batch-size", "5000"]  # fmt: skip
