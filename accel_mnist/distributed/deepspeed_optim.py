@@ -19,7 +19,7 @@ from ..optim import build_optimizer as build_torch_optimizer
 from ..optim import torch_scheduler
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, deepspeed_plugin: Any = None) -> Any:
+def run_optimizer(model: nn.Module, config: TrainConfig, deepspeed_plugin: Any = None) -> Any:
     """A plain torch optimizer (under DeepSpeed, Accelerate wraps it in the ZeRO optimizer), or
     Accelerate's DummyOptim when the DeepSpeed JSON has its own optimizer section."""
     if deepspeed_plugin is not None and "optimizer" in deepspeed_plugin.deepspeed_config:
@@ -32,7 +32,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig, deepspeed_plugin: Any
     return build_torch_optimizer(model, config)
 
 
-def build_scheduler(
+def run_scheduler(
     optimizer: Any, config: TrainConfig, total_steps: int, steps_per_epoch: int, deepspeed_plugin: Any = None
 ) -> Any:
     """A schedule stepped once per optimizer step (`total_steps` of them on each process).

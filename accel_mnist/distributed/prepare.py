@@ -12,7 +12,7 @@ from accelerate.logging import get_logger
 from ..config import TrainConfig
 from ..errors import UsageError
 from .ddp_capture import ddp_side_stream
-from .deepspeed_optim import build_optimizer, build_scheduler
+from .deepspeed_optim import run_optimizer, run_scheduler
 from .lean_steps import direct_steps
 from .strategy import Strategy
 
@@ -45,8 +45,8 @@ def prepare(
         # an optimizer built before the wrap would step tensors that no longer train, and
         # Accelerate's optimizer state mapping fails (KeyError: Parameter containing ...).
         model = accelerator.prepare(model)
-    optimizer = build_optimizer(model, config, plugin)
-    scheduler = build_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
+    optimizer = run_optimizer(model, config, plugin)
+    scheduler = run_scheduler(optimizer, config, total_steps, steps_per_epoch, plugin)
     if strategy.fsdp_version == 1:
         optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
         if saved is not None:

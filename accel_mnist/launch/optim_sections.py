@@ -22,7 +22,7 @@ _SCHEDULER_AUTO = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_
 
 def check_deepspeed_optim(ds: dict[str, Any], config: TrainConfig) -> list[str]:
     """Check a DeepSpeed JSON's optimizer/scheduler sections and fill their "auto" values from
-    the TrainConfig (total_num_steps waits for build_scheduler). Returns a note saying what the
+    the TrainConfig (total_num_steps waits for deepspeed_optim.run_scheduler). Returns a note saying what the
     JSON overrides; raises UsageError for a section DeepSpeed would reject later."""
     notes = []
     if "optimizer" in ds:

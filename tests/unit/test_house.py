@@ -168,3 +168,18 @@ def test_no_two_modules_share_a_basename():
         if path.name not in SHARED_BY_RULE:
             by_name[path.name].append(name)
     assert {base: names for base, names in by_name.items() if len(names) > 1} == {}
+
+
+# The CLI's subcommand modules each offer `register(subparsers)`: one convention, read the same everywhere.
+NAMES_BY_RULE = ("register",)
+
+
+def test_no_two_modules_define_the_same_public_name():
+    # Two build_optimizer (the torch one and the strategy's) make every call of one a guess at which.
+    by_name = defaultdict(list)
+    for name, path in _modules().items():
+        for node in ast.parse(path.read_text()).body:
+            defined = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            if defined and not node.name.startswith("_") and node.name not in NAMES_BY_RULE:
+                by_name[node.name].append(name)
+    assert {what: names for what, names in by_name.items() if len(names) > 1} == {}
