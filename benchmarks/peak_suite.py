@@ -180,11 +180,14 @@ def predict_row(record: dict[str, Any]) -> int:
     name, precision = ESTIMATE[record["strategy"]]
     precision = _flag(cmd, "--mixed_precision", precision)
     module = meta_model(_flag(cmd, "--model"), _flag(cmd, "--mlp-hidden"))
-    inputs = inputs_for(module, batch_size=int(_flag(cmd, "--batch-size", "64")), eval_batch_size=1000,
-                        mixed_precision=precision, optimizer="adam", data_bytes=MNIST_DEVICE_BYTES,
-                        zero=ZERO_FILE if record["strategy"] == "zero_file" else None)  # fmt: skip
+    common = {"batch_size": int(_flag(cmd, "--batch-size", "64")), "eval_batch_size": 1000,
+              "mixed_precision": precision, "optimizer": "adam", "data_bytes": MNIST_DEVICE_BYTES,
+              "zero": ZERO_FILE if record["strategy"] == "zero_file" else None}  # fmt: skip
+    # As `estimate` traces: autocast beside fp32 weights for one process and DDP, 16-bit weights elsewhere.
+    inputs, sharded = inputs_for(module, **common, autocast=True), inputs_for(module, **common)
     numels = [p.numel() for p in module.parameters() if p.requires_grad]
-    rows = estimate(numels, mixed_precision=precision, optimizer="adam", strategies=[name], peak=inputs)
+    rows = estimate(numels, mixed_precision=precision, optimizer="adam", strategies=[name], peak=inputs,
+                    sharded_peak=sharded)  # fmt: skip
     return rows[name]["peak_allocated_bytes"]
 
 

@@ -30,10 +30,14 @@ TRACE_ERRORS = (Exception,)
 def inputs_for(
     model: nn.Module, *, batch_size: int, eval_batch_size: int, mixed_precision: str, optimizer: str,
     data_bytes: int, input_shape: tuple[int, ...] = (1, 28, 28), zero: dict[str, Any] | None = None,
+    autocast: bool = False,
 ) -> PeakInputs:  # fmt: skip
     """The peak's inputs for `model` (real or on the meta device) at these batch sizes; raises TRACE_ERRORS
-    where its forward pass cannot run on the meta device. `zero`: a DeepSpeed config's zero_optimization."""
-    traced = trace(model, tuple(input_shape), batch_size, eval_batch_size, COMPUTE_DTYPES.get(mixed_precision))
+    where its forward pass cannot run on the meta device. `zero`: a DeepSpeed config's zero_optimization;
+    `autocast`: the weights stay fp32 and torch.autocast picks each call's precision (one process and DDP),
+    else every float is in the 16-bit precision (DeepSpeed and FSDP)."""
+    dtype = COMPUTE_DTYPES.get(mixed_precision)
+    traced = trace(model, tuple(input_shape), batch_size, eval_batch_size, dtype, autocast=autocast)
     return replace(
         strategy_inputs(model, optimizer=optimizer, data_bytes=data_bytes, zero=zero),
         train_activation_bytes=traced.train_bytes, eval_activation_bytes=traced.eval_bytes, traced_batch=batch_size,

@@ -30,6 +30,7 @@ from ..config import TrainConfig
 from ..distributed.strategy import Strategy
 from ..errors import UsageError
 from ..precision import sixteen_bit_dtype
+from .activations import Untraceable
 from .model_states import Setup, format_bytes
 from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak, reserved_peak, why_nothing_fits
 from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
@@ -106,8 +107,8 @@ def plan_peak(
     fsdp = accelerator.state.fsdp_plugin if strategy.kind == "FSDP" else None
     checkpointing = fsdp is not None and getattr(fsdp, "activation_checkpointing", False)
     probe, why_not_probed = None, ""
+    rule = strategy.copy_precision  # the weights' precision and autocast, as the prepared model computes
     if not checkpointing:  # the probe first: the trace below runs on the meta device and holds no memory
-        rule = strategy.copy_precision
         dtype = sixteen_bit_dtype(rule.weights) if rule.weights else None
         autocast = accelerator.autocast if rule.autocast else nullcontext
         try:
@@ -125,7 +126,9 @@ def plan_peak(
     try:
         trace = inputs_for(model, batch_size=batch, eval_batch_size=config.eval_batch_size,
                            mixed_precision=precision, optimizer=str(config.optimizer), data_bytes=data_bytes,
-                           input_shape=input_shape, zero=zero)  # fmt: skip
+                           input_shape=input_shape, zero=zero, autocast=rule.autocast)  # fmt: skip
+    except Untraceable as exc:
+        why_not_traced = str(exc)
     except TRACE_ERRORS as exc:
         why_not_traced = f"its forward pass does not run on the meta device ({_short(exc)})"
     if checkpointing:

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
+from ..memory.activations import Untraceable
 from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model, probe_inputs
 from ..memory.model_states import KINDS, PERSISTENCE_THRESHOLD, STRATEGIES, format_bytes
 from ..memory.peak import PeakInputs
@@ -98,13 +99,19 @@ def _model_and_peak(
     what = f"parameters ({args.model}" + (f" {args.mlp_hidden}" if args.mlp_hidden else "") + ")"
     if args.cpu:
         return numels, what, None, None, None
+    common = {"batch_size": args.batch_size, "eval_batch_size": args.eval_batch_size,
+              "mixed_precision": args.mixed_precision, "optimizer": args.optimizer,
+              "data_bytes": MNIST_DEVICE_BYTES if args.data_loader == "device" else 0}  # fmt: skip
     try:
-        peak = inputs_for(module, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                          mixed_precision=args.mixed_precision, optimizer=args.optimizer,
-                          data_bytes=MNIST_DEVICE_BYTES if args.data_loader == "device" else 0)  # fmt: skip
+        # One process and DDP compute under autocast beside fp32 weights; DeepSpeed and FSDP in 16-bit weights.
+        peak = inputs_for(module, **common, autocast=True)
+        sharded = inputs_for(module, **common) if args.mixed_precision != "no" else peak
+    except Untraceable as exc:  # no number that may be under: the line says why, and --fits names no batch
+        print(f"peak: not predicted: {exc}; `--probe` measures it on a GPU", file=sys.stderr)
+        return numels, what, None, None, None
     except TRACE_ERRORS as exc:
         raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") from None
-    return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None, None
+    return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None, sharded
 
 
 def _probed(

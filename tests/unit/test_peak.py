@@ -177,8 +177,11 @@ def test_every_row_of_the_h200_suite_is_predicted_within_ten_percent():
     for row in rows:
         predicted = predict_row(row)
         assert abs(measured_peak(row) / predicted - 1) <= 0.10, row["name"]
-        if "--cuda-graph" not in row["cmd"]:  # the run predicted what the estimate predicts
-            assert predicted == row["memory"]["predicted"]["peak_allocated_bytes"], row["name"]
+        if "--cuda-graph" not in row["cmd"]:
+            # The run predicted then what the estimate predicts now, but for the trace's later emulation of
+            # autocast's fp32 calls and dropout's one-byte masks: at most 2.4% apart on these rows.
+            ran = row["memory"]["predicted"]["peak_allocated_bytes"]
+            assert predicted == pytest.approx(ran, rel=0.03), row["name"]
 
 
 class NeedsValues(nn.Module):
