@@ -33,14 +33,6 @@ def pytest_configure(config):
                                 "--dist loadgroup's groups: install the dev extra (pytest<9.2)")  # fmt: skip
 
 
-# Started first under `make test`, the longest single units (tests/launch: the CPU pair matrix is one
-# test of several minutes, the option matrix's groups the next longest; benchmarks/results/*-ci/
-# durations.txt): started last, they would run alone on one worker at the end.
-FIRST = ("launch/test_pairs.py", "launch/test_matrix.py")
-ORDER = {"launch": 0, "e2e": 1, "unit": 2, "gpu": 3}
-
-
-@pytest.hookimpl(trylast=True)  # sorted after every other hook has added or removed items
 def pytest_collection_modifyitems(config, items):
     cuda = None
     for item in items:
@@ -55,7 +47,6 @@ def pytest_collection_modifyitems(config, items):
                 cuda = torch.cuda.is_available()
             if not cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
-    items.sort(key=_module_rank(items))
 
 
 def _tier(item) -> str | None:
@@ -64,17 +55,6 @@ def _tier(item) -> str | None:
     except ValueError:  # a test file outside tests/
         return None
     return tier if tier in TIERS else None
-
-
-def _module_rank(items):
-    """The order the workers take modules in: the longest launches first, then the other slow modules,
-    launch, e2e and unit; a module's items stay together (a module-scoped run is then made once)."""
-    ranks: dict[Path, tuple[int, int]] = {}
-    for item in items:
-        name = Path(item.path).resolve().relative_to(TESTS).as_posix() if _tier(item) else ""
-        rank = (0 if name in FIRST else 1 if item.get_closest_marker("slow") else 2, ORDER.get(_tier(item), 4))
-        ranks[item.path] = min(ranks.get(item.path, rank), rank)
-    return lambda item: ranks[item.path]
 
 
 @pytest.fixture
