@@ -48,8 +48,8 @@ _VIEWS = frozenset({"flatten", "view", "view_as", "reshape", "reshape_as", "t", 
 _AUTOCAST_LOW = frozenset({"linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                            "conv_transpose3d", "matmul", "__matmul__", "mm", "bmm", "baddbmm", "addmm", "addbmm",
                            "addmv", "addr", "mv", "chain_matmul", "multi_dot", "prelu",
-                           "scaled_dot_product_attention", "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell",
-                           "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"})  # fmt: skip
+                           "scaled_dot_product_attention", "multi_head_attention_forward", "lstm", "gru", "rnn_tanh",
+                           "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"})  # fmt: skip
 _AUTOCAST_FP32 = frozenset({"layer_norm", "group_norm", "softmax", "log_softmax", "softmin", "cross_entropy",
                             "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "kl_div",
                             "binary_cross_entropy_with_logits", "norm", "normalize", "cumsum", "cumprod", "prod",

@@ -103,6 +103,6 @@ def test_no_committed_family_row_is_under_its_trace_by_more_than_ten_percent():
     judged = judge(committed_rows())
     assert len(judged) == 76
     assert [j["name"] for j in judged if j["verdict"] == "under"] == []
-    assert sum(j["verdict"] == "within" for j in judged) >= 32
+    assert sum(j["verdict"] == "within" for j in judged) >= 34
     refused = {j["why"] for j in judged if j["verdict"] == "refused"}
     assert all(why.startswith(("the meta-device trace cannot model", "its forward pass")) for why in refused)
