@@ -148,6 +148,7 @@ class _Live(TorchFunctionMode):
         self.calls: list[tuple[int, int]] = []  # per call: (bytes of its outputs, of its inputs needing a gradient)
         self.params: set[int] = set()
         self.unmodelled: set[str] = set()  # _UNMODELLED's layers met
+        self.keep: list[torch.Tensor] = []  # autocast's weight copies (their ids are in params)
         self._seen: set[int] = set()
 
     def add(self, tensor: torch.Tensor) -> None:
@@ -208,7 +209,10 @@ class _Live(TorchFunctionMode):
             if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.dtype == dtype:
                 return value
             out = value.to(dtype)
-            if id(value) not in self.params:  # autocast's copies of the weights: its cache, not activations
+            if id(value) in self.params:  # autocast's copies of the weights: counted as the weights are
+                self.params.add(id(out))
+                self.keep.append(out)  # alive as long as the trace, so that its id is not reused
+            else:
                 self.add(out)
             return out
 
