@@ -169,9 +169,10 @@ def _estimate(args: argparse.Namespace) -> int:
                  "capacity_bytes": capacity}  # fmt: skip
         print(json.dumps({**facts, "per_process": rows}, indent=2, sort_keys=True))
         return 0
+    peak_column = f", then the peak allocated on the GPU at batch {args.batch_size}" if peak is not None else ""
     print(f"{sum(numels):,} {what}; {args.num_processes} process(es) on {args.num_nodes} node(s), "
-          f"{args.mixed_precision}, {args.optimizer}; bytes per process in GiB, host memory per node, "
-          f"then the peak allocated on the GPU at batch {args.batch_size}")  # fmt: skip
+          f"{args.mixed_precision}, {args.optimizer}; bytes per process in GiB, host memory per node"
+          f"{peak_column}")  # fmt: skip
     print(table(rows))
     if capacity is not None:
         fitting = [name for name, row in rows.items() if row["fits"]]
