@@ -122,15 +122,15 @@ def plan_peak(
         except TRACE_ERRORS as exc:
             why_not_probed = f"the probe failed ({_short(exc)})"
     base = strategy_inputs(model, optimizer=str(config.optimizer), data_bytes=data_bytes, zero=zero)
-    trace, why_not_traced = None, ""
+    trace, why_not_traced, runs_on_meta = None, "", True
     try:
         trace = inputs_for(model, batch_size=batch, eval_batch_size=config.eval_batch_size,
                            mixed_precision=precision, optimizer=str(config.optimizer), data_bytes=data_bytes,
                            input_shape=input_shape, zero=zero, autocast=rule.autocast)  # fmt: skip
-    except Untraceable as exc:
+    except Untraceable as exc:  # it ran, and said which layer it cannot model: the probe measures that layer
         why_not_traced = str(exc)
     except TRACE_ERRORS as exc:
-        why_not_traced = f"its forward pass does not run on the meta device ({_short(exc)})"
+        why_not_traced, runs_on_meta = f"its forward pass does not run on the meta device ({_short(exc)})", False
     if checkpointing:
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
@@ -144,7 +144,7 @@ def plan_peak(
         return PeakPlan(trace=trace, probe=probe, unpredicted=f"cannot predict: {probe.untrusted}")
     # A forward the meta device cannot run needs real values, and may take another path on another batch.
     note = (f"peak memory: the probe measured the path its example images took; {why_not_traced}, so it may take "
-            "others on other batches") if trace is None else None  # fmt: skip
+            "others on other batches") if not runs_on_meta else None  # fmt: skip
     return PeakPlan(inputs=probed(base, probe, batch, config.eval_batch_size), trace=trace, probe=probe, note=note)
 
 

@@ -255,6 +255,12 @@ def test_a_model_only_the_probe_runs_is_predicted_with_a_line_on_its_paths(monke
     traced = plan_module.plan_peak(gpu, TrainConfig(), BF16_GPU, tiny_model(), (1, 28, 28), 0,
                                    lambda m, x, y, dtype: m(x).sum())  # fmt: skip
     assert traced.note is None and traced.trace is not None
+    # A layer the trace refuses (cuDNN's GRU): the probe measured it, and its forward takes one path.
+    gru = nn.Sequential(nn.Flatten(1, 2), nn.GRU(28, 16, batch_first=True))  # 28 rows of 28 pixels
+    probed = plan_module.plan_peak(gpu, TrainConfig(), BF16_GPU, gru, (1, 28, 28), 0,
+                                   lambda m, x, y, dtype: m(x)[0].sum())  # fmt: skip
+    assert probed.inputs is not None and probed.inputs.source == "probe" and probed.trace is None
+    assert probed.note is None and probed.unpredicted is None
 
 
 def test_fsdp_activation_checkpointing_is_not_predicted_and_the_probe_never_runs(monkeypatch):
