@@ -108,7 +108,7 @@ def _model_and_peak(
         sharded = inputs_for(module, **common) if args.mixed_precision != "no" else peak
     except Untraceable as exc:  # no number that may be under: the line says why, and --fits names no batch
         print(f"peak: not predicted: {exc}; `--probe` measures it on a GPU", file=sys.stderr)
-        return numels, what, None, None, None
+        return numels, what, None, gpu_capacity(args.fits) if args.fits is not None else None, None
     except TRACE_ERRORS as exc:
         raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") from None
     return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None, sharded
@@ -174,7 +174,9 @@ def _estimate(args: argparse.Namespace) -> int:
           f"{args.mixed_precision}, {args.optimizer}; bytes per process in GiB, host memory per node"
           f"{peak_column}")  # fmt: skip
     print(table(rows))
-    if capacity is not None:
+    if capacity is not None and peak is None:
+        print(f"fits in {format_bytes(capacity)}: not answered, no peak is predicted for this model (the line above)")
+    elif capacity is not None:
         fitting = [name for name, row in rows.items() if row["fits"]]
         print(f"fits in {format_bytes(capacity)} (a peak of at most 90% of it) at batch {args.batch_size}: "
               + (", ".join(fitting) if fitting else "none; the largest batch column says what would"))  # fmt: skip
