@@ -173,8 +173,7 @@ def _flag(cmd: list[str], name: str, default: str | None = None) -> str | None:
 
 def predict_row(record: dict[str, Any]) -> int:
     """The row's peak as `accel-mnist estimate` predicts it now, from the command the row ran."""
-    from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model
-    from accel_mnist.memory.peak_inputs import inputs_for
+    from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model, trace_inputs
 
     cmd = record["cmd"].split()
     name, precision = ESTIMATE[record["strategy"]]
@@ -183,8 +182,7 @@ def predict_row(record: dict[str, Any]) -> int:
     common = {"batch_size": int(_flag(cmd, "--batch-size", "64")), "eval_batch_size": 1000,
               "mixed_precision": precision, "optimizer": "adam", "data_bytes": MNIST_DEVICE_BYTES,
               "zero": ZERO_FILE if record["strategy"] == "zero_file" else None}  # fmt: skip
-    # As `estimate` traces: autocast beside fp32 weights for one process and DDP, 16-bit weights elsewhere.
-    inputs, sharded = inputs_for(module, **common, autocast=True), inputs_for(module, **common)
+    inputs, sharded = trace_inputs(module, **common)  # as `estimate` traces
     numels = [p.numel() for p in module.parameters() if p.requires_grad]
     rows = estimate(numels, mixed_precision=precision, optimizer="adam", strategies=[name], peak=inputs,
                     sharded_peak=sharded)  # fmt: skip

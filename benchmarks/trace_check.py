@@ -43,8 +43,8 @@ def predict(row: dict[str, Any]) -> tuple[int | None, str]:
     import torch
 
     from accel_mnist.memory.activations import Untraceable
-    from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, estimate
-    from accel_mnist.memory.peak_inputs import TRACE_ERRORS, inputs_for
+    from accel_mnist.memory.estimate import MNIST_DEVICE_BYTES, estimate, trace_inputs
+    from accel_mnist.memory.peak_inputs import TRACE_ERRORS
     from benchmarks.families import FAMILIES
 
     with torch.device("meta"):
@@ -54,14 +54,14 @@ def predict(row: dict[str, Any]) -> tuple[int | None, str]:
     common = {"batch_size": row["batch"], "eval_batch_size": 1000, "mixed_precision": precision,
               "optimizer": "adam", "data_bytes": MNIST_DEVICE_BYTES, "zero": zero}  # fmt: skip
     try:
-        inputs = inputs_for(model, **common, autocast=name == "ddp")
+        inputs, sharded = trace_inputs(model, **common)
     except Untraceable as exc:
         return None, str(exc)
     except TRACE_ERRORS as exc:
         return None, f"its forward pass does not run on the meta device ({type(exc).__name__})"
     numels = [p.numel() for p in model.parameters() if p.requires_grad]
     rows = estimate(numels, mixed_precision=precision, optimizer="adam", strategies=[name], peak=inputs,
-                    sharded_peak=inputs)  # fmt: skip
+                    sharded_peak=sharded)  # fmt: skip
     return rows[name]["peak_allocated_bytes"], ""
 
 

@@ -67,6 +67,18 @@ def estimate(
     return out
 
 
+def trace_inputs(module: Any, *, mixed_precision: str, **common: Any) -> tuple[PeakInputs, PeakInputs]:
+    """The peak's inputs traced on the meta device as the estimate predicts without a GPU: (autocast beside
+    fp32 weights, for one process and DDP; 16-bit weights, for DeepSpeed and FSDP), the same twice in fp32.
+    `common`: inputs_for's other arguments. Raises what inputs_for raises (Untraceable among them)."""
+    from .peak_inputs import inputs_for
+
+    replicated = inputs_for(module, mixed_precision=mixed_precision, **common, autocast=True)
+    if mixed_precision == "no":
+        return replicated, replicated
+    return replicated, inputs_for(module, mixed_precision=mixed_precision, **common)
+
+
 def probe_inputs(
     module: Any, *, batch_size: int, eval_batch_size: int, mixed_precision: str, optimizer: str, data_bytes: int,
     sharded: bool, up_to: int | None = None,

@@ -19,10 +19,10 @@ from typing import Any
 
 from ..errors import UsageError
 from ..memory.activations import Untraceable
-from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model, probe_inputs
+from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model, probe_inputs, trace_inputs
 from ..memory.model_states import KINDS, PERSISTENCE_THRESHOLD, STRATEGIES, format_bytes
 from ..memory.peak import PeakInputs
-from ..memory.peak_inputs import TRACE_ERRORS, inputs_for
+from ..memory.peak_inputs import TRACE_ERRORS
 from .tables import text_table
 
 PRECISIONS = ("no", "fp16", "bf16")
@@ -103,9 +103,7 @@ def _model_and_peak(
               "mixed_precision": args.mixed_precision, "optimizer": args.optimizer,
               "data_bytes": MNIST_DEVICE_BYTES if args.data_loader == "device" else 0}  # fmt: skip
     try:
-        # One process and DDP compute under autocast beside fp32 weights; DeepSpeed and FSDP in 16-bit weights.
-        peak = inputs_for(module, **common, autocast=True)
-        sharded = inputs_for(module, **common) if args.mixed_precision != "no" else peak
+        peak, sharded = trace_inputs(module, **common)
     except Untraceable as exc:  # no number that may be under: the line says why, and --fits names no batch
         print(f"peak: not predicted: {exc}; `--probe` measures it on a GPU", file=sys.stderr)
         return numels, what, None, gpu_capacity(args.fits) if args.fits is not None else None, None
