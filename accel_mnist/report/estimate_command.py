@@ -102,14 +102,15 @@ def _model_and_peak(
     common = {"batch_size": args.batch_size, "eval_batch_size": args.eval_batch_size,
               "mixed_precision": args.mixed_precision, "optimizer": args.optimizer,
               "data_bytes": MNIST_DEVICE_BYTES if args.data_loader == "device" else 0}  # fmt: skip
+    capacity = gpu_capacity(args.fits) if args.fits is not None else None
     try:
         peak, sharded = trace_inputs(module, **common)
     except Untraceable as exc:  # no number that may be under: the line says why, and --fits names no batch
         print(f"peak: not predicted: {exc}; `--probe` measures it on a GPU", file=sys.stderr)
-        return numels, what, None, gpu_capacity(args.fits) if args.fits is not None else None, None
+        return numels, what, None, capacity, None
     except TRACE_ERRORS as exc:
         raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") from None
-    return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None, sharded
+    return numels, what, peak, capacity, sharded
 
 
 def _probed(
