@@ -75,6 +75,15 @@ def _attention_kept(args: tuple, kwargs: dict) -> Kept:
     return lambda out: [t for t in (query, key, value, out, logsumexp) if isinstance(t, torch.Tensor)]
 
 
+def _heads_last(out: Any) -> Any:
+    """SDPA's output laid out as its CUDA kernels write it: (batch, tokens, heads, dim) in memory, returned
+    as the (batch, heads, tokens, dim) view, so that the usual `out.transpose(1, 2).reshape(b, n, c)` is a
+    view there; the meta path's contiguous output would make that reshape a copy the GPU never holds."""
+    if not isinstance(out, torch.Tensor) or out.ndim != 4 or not out.is_contiguous():
+        return out
+    return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _multi_head_kept(args: tuple, kwargs: dict) -> Kept:
     """nn.MultiheadAttention without its weights (need_weights=False, as nn.TransformerEncoderLayer calls it)
     runs scaled dot-product attention between two projections: it keeps its input, the projected query, key
@@ -184,6 +193,8 @@ class _Live(TorchFunctionMode):
         else:  # the meta (math) path's saved tensors are not what the GPU's kernel keeps: those are packed instead
             with torch.autograd.graph.saved_tensors_hooks(_unkept, _unkept):
                 out = func(*args, **kwargs)
+            if name == "scaled_dot_product_attention":
+                out = _heads_last(out)
             for tensor in kept(out):
                 self.pack(tensor)
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
@@ -219,10 +230,14 @@ class _Live(TorchFunctionMode):
         return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The saved-tensors hook: keep `tensor` (as autograd would) and note the first call saving it."""
-        if id(tensor) not in self.params and not _of_a_parameter(tensor):
-            self.saved.append(tensor)
-            self.first_saver.setdefault(id(tensor), (self.current, _nbytes(tensor)))
+        """The saved-tensors hook: keep `tensor` (as autograd would) and note the first call saving it.
+
+        A saved view holds its base's memory: three linears saving their own flattened view of one input
+        (q, k and v) keep one tensor, not three; the base's bytes are counted once."""
+        base = tensor._base if tensor._base is not None else tensor
+        if id(base) not in self.params and not _of_a_parameter(tensor):
+            self.saved.append(base)
+            self.first_saver.setdefault(id(base), (self.current, _nbytes(base)))
         return tensor
 
     def backward_peak(self) -> int:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from accel_mnist.cli import main
-from accel_mnist.memory.activations import Untraceable, trace
+from accel_mnist.memory.activations import Untraceable, _forward, _meta_state, trace
 
 MIB = 2**20
 
@@ -60,6 +60,52 @@ def test_attention_keeps_no_attention_matrix():
     assert traced.train_bytes < matrix / 2
 
 
+def _saved_bytes(model: nn.Module, batch: int) -> int:
+    """What the traced bf16 training forward keeps for the backward, each tensor's memory once."""
+    state = _meta_state(model, torch.bfloat16)
+    images = torch.empty((batch, 1, 28, 28), device="meta", dtype=torch.bfloat16)
+    return sum(size for _, size in _forward(model, state, images, True, None).first_saver.values())
+
+
+class SharedInput(nn.Module):
+    """q, k and v as three Linears of one (batch, 28, 28) input: each saves its own flattened view of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(28, 256) for _ in range(3))
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1, 2)
+        return self.head((self.q(x) * self.k(x) * self.v(x)).mean(1))
+
+
+def test_views_of_one_tensor_are_kept_once():
+    # Saved: the images (once, not once per Linear), q, k, v and q * k (28 x 256 each), the head's input.
+    batch = 512
+    assert _saved_bytes(_meta(SharedInput), batch) == batch * (784 + 4 * 28 * 256 + 256) * 2
+
+
+class TokensOut(Attention):
+    """Attention whose output Linear runs on every token, after reshaping the heads back."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x.reshape(x.shape[0], self.tokens, -1)).chunk(3, dim=-1)
+        split = [t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v)]
+        attended = nn.functional.scaled_dot_product_attention(*split)
+        return self.out(attended.transpose(1, 2).reshape(x.shape[0], self.tokens, -1)).mean(1)
+
+
+def test_attention_output_reshaped_back_is_no_copy():
+    # CUDA's attention kernels write (batch, tokens, heads, dim): `out.transpose(1, 2).reshape(...)` is a
+    # view there (the meta path's contiguous output would make it a copy, which the Linear would keep).
+    # Saved: the images, the qkv projection (q, k and v are views of it), the attention's output and its
+    # fp32 log-sum-exp.
+    batch = 512
+    expected = batch * (784 * 2 + 28 * 3 * 32 * 2 + 28 * 32 * 2 + 4 * 28 * 4)
+    assert _saved_bytes(_meta(lambda: TokensOut(tokens=28, dim=32)), batch) == expected
+
+
 def test_dropout_keeps_a_one_byte_mask():
     model = _meta(lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.Dropout(0.1), nn.Linear(4096, 10)))
     without = _meta(lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.Linear(4096, 10)))
@@ -97,14 +143,14 @@ def test_estimate_names_no_peak_and_no_batch_where_the_trace_refuses(capsys):
     assert last == "fits in 74.5 GiB: not answered, no peak is predicted for this model (the line above)"
 
 
-def test_no_committed_family_row_is_under_its_trace_by_more_than_ten_percent():
+def test_every_committed_family_row_is_within_ten_percent_of_its_trace_or_refused():
     # benchmarks/trace_check.py: each row of the family suite's GPU measurements predicted again from the
     # trace alone. Before the emulation 22 of 66 traced rows measured more than 1.1x their trace.
     from benchmarks.trace_check import committed_rows, judge
 
     judged = judge(committed_rows())
     assert len(judged) == 76
-    assert [j["name"] for j in judged if j["verdict"] == "under"] == []
-    assert sum(j["verdict"] == "within" for j in judged) >= 34
+    assert [j["name"] for j in judged if j["verdict"] in ("under", "over")] == []
+    assert sum(j["verdict"] == "within" for j in judged) >= 40
     refused = {j["why"] for j in judged if j["verdict"] == "refused"}
     assert all(why.startswith(("the meta-device trace cannot model", "its forward pass")) for why in refused)
