@@ -27,6 +27,22 @@ COMPUTE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bf
 TRACE_ERRORS = (Exception,)
 
 
+def short_reason(exc: BaseException) -> str:
+    """An exception as a short clause for a one-line message: its type and its first sentence, at most 160
+    characters (a custom op's missing fake implementation, say, comes with a paragraph of advice)."""
+    text = str(exc).strip().splitlines()
+    if not text:
+        return type(exc).__name__
+    first = text[0].split(". ")[0].rstrip(".")  # the first sentence: the advice after it is torch's, not ours
+    return f"{type(exc).__name__}: {first[:157] + '...' if len(first) > 160 else first}"
+
+
+def not_on_meta(exc: BaseException) -> str:
+    """Why a model is not traced where its forward pass raised on the meta device (a value read, a custom
+    kernel with no fake implementation), in the words the run and `estimate` both print."""
+    return f"its forward pass does not run on the meta device ({short_reason(exc)})"
+
+
 def inputs_for(
     model: nn.Module, *, batch_size: int, eval_batch_size: int, mixed_precision: str, optimizer: str,
     data_bytes: int, input_shape: tuple[int, ...] = (1, 28, 28), zero: dict[str, Any] | None = None,

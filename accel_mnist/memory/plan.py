@@ -33,7 +33,7 @@ from ..precision import sixteen_bit_dtype
 from .activations import Untraceable
 from .model_states import Setup, format_bytes
 from .peak import FIT_SHARE, PeakInputs, largest_batch, predict_peak, reserved_peak, why_nothing_fits
-from .peak_inputs import TRACE_ERRORS, inputs_for, probed, strategy_inputs
+from .peak_inputs import TRACE_ERRORS, inputs_for, not_on_meta, probed, short_reason, strategy_inputs
 from .probe import Probe, measure, probe_batches
 
 TRACE_GAP = 0.10  # the trace this far from the probe: said in one line, the probe's number used
@@ -120,7 +120,7 @@ def plan_peak(
         except torch.OutOfMemoryError:
             why_not_probed = "the probe's copy of the model ran out of GPU memory"
         except TRACE_ERRORS as exc:
-            why_not_probed = f"the probe failed ({_short(exc)})"
+            why_not_probed = f"the probe failed ({short_reason(exc)})"
     base = strategy_inputs(model, optimizer=str(config.optimizer), data_bytes=data_bytes, zero=zero)
     trace, why_not_traced, runs_on_meta = None, "", True
     try:
@@ -130,7 +130,7 @@ def plan_peak(
     except Untraceable as exc:  # it ran, and said which layer it cannot model: the probe measures that layer
         why_not_traced = str(exc)
     except TRACE_ERRORS as exc:
-        why_not_traced, runs_on_meta = f"its forward pass does not run on the meta device ({_short(exc)})", False
+        why_not_traced, runs_on_meta = not_on_meta(exc), False
     if checkpointing:
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
@@ -146,11 +146,6 @@ def plan_peak(
     note = (f"peak memory: the probe measured the path its example images took; {why_not_traced}, so it may take "
             "others on other batches") if not runs_on_meta else None  # fmt: skip
     return PeakPlan(inputs=probed(base, probe, batch, config.eval_batch_size), trace=trace, probe=probe, note=note)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
 
 
 def trace_gap_line(plan: PeakPlan, numels: list[int], setup: Setup) -> str | None:

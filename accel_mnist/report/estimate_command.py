@@ -22,7 +22,7 @@ from ..memory.activations import Untraceable
 from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model, probe_inputs, trace_inputs
 from ..memory.model_states import KINDS, PERSISTENCE_THRESHOLD, STRATEGIES, format_bytes
 from ..memory.peak import PeakInputs
-from ..memory.peak_inputs import TRACE_ERRORS
+from ..memory.peak_inputs import TRACE_ERRORS, not_on_meta
 from .tables import text_table
 
 PRECISIONS = ("no", "fp16", "bf16")
@@ -106,11 +106,13 @@ def _model_and_peak(
     try:
         peak, sharded = trace_inputs(module, **common)
     except Untraceable as exc:  # no number that may be under: the line says why, and --fits names no batch
-        print(f"peak: not predicted: {exc}; `--probe` measures it on a GPU", file=sys.stderr)
-        return numels, what, None, capacity, None
-    except TRACE_ERRORS as exc:
-        raise UsageError(f"--model: its forward pass does not run on the meta device, so no peak ({exc})") from None
-    return numels, what, peak, capacity, sharded
+        why = str(exc)
+    except TRACE_ERRORS as exc:  # a value read, a custom kernel with no fake implementation: the same
+        why = not_on_meta(exc)
+    else:
+        return numels, what, peak, capacity, sharded
+    print(f"peak: not predicted: {why}; `--probe` measures it on a GPU", file=sys.stderr)
+    return numels, what, None, capacity, None
 
 
 def _probed(

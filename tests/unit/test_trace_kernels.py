@@ -143,6 +143,31 @@ def test_estimate_names_no_peak_and_no_batch_where_the_trace_refuses(capsys):
     assert last == "fits in 74.5 GiB: not answered, no peak is predicted for this model (the line above)"
 
 
+@torch.library.custom_op("accel_mnist_test::doubled", mutates_args=())
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    """A user's own kernel with no fake (meta) implementation: the trace cannot know what it allocates."""
+    return x * 2
+
+
+class OwnKernel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(doubled(x.flatten(1)))
+
+
+def test_estimate_names_no_batch_for_a_custom_kernel_it_cannot_trace(capsys):
+    code = main(["estimate", "--model", "tests.unit.test_trace_kernels:OwnKernel", "--fits", "80e9"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    line = "peak: not predicted: its forward pass does not run on the meta device (RuntimeError: There was no fake"
+    assert err.startswith(line) and len(err.strip().splitlines()) == 1
+    assert "doubled" in err and "register_fake" not in err  # the reason, not torch's advice after it
+    assert out.strip().splitlines()[-1].startswith("fits in 74.5 GiB: not answered")
+
+
 def test_every_committed_family_row_is_within_ten_percent_of_its_trace_or_refused():
     # benchmarks/trace_check.py: each row of the family suite's GPU measurements predicted again from the
     # trace alone. Before the emulation 22 of 66 traced rows measured more than 1.1x their trace.
