@@ -72,6 +72,14 @@ class TrainConfig:
             "find_executable_batch_size starts from it); unset: as large as fits, up to the whole training split"
         },
     )
+    global_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "with batch_size auto: the global batch to keep (batch per process x grad_accum x processes, "
+            "DeepSpeed's train_batch_size) on a GPU too small for it in one pass: the largest micro-batch that "
+            "fits, and the accumulation that reaches exactly this batch"
+        },
+    )
     eval_batch_size: int = field(default=1000, metadata={"help": "evaluation batch size per process"})
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     optimizer: str = field(
@@ -222,6 +230,15 @@ class TrainConfig:
             if self.batch_size != AUTO_BATCH:
                 raise ConfigError(f"max_batch_size: bounds batch_size auto, but batch_size is {self.batch_size}; "
                                   "give batch_size auto or leave max_batch_size out")  # fmt: skip
+        if self.global_batch_size is not None:
+            _at_least("global_batch_size", self.global_batch_size, 1)
+            if self.batch_size != AUTO_BATCH:
+                raise ConfigError(f"global_batch_size: is kept by batch_size auto, but batch_size is "
+                                  f"{self.batch_size}; give batch_size auto, or grad_accum with your own "
+                                  "batch")  # fmt: skip
+            if self.grad_accum is not None and self.grad_accum > 1:
+                raise ConfigError(f"global_batch_size: chooses the accumulation, but grad_accum is {self.grad_accum}; "
+                                  "leave one of them out")  # fmt: skip
         for key in ("epochs", "eval_batch_size", "log_every"):
             _at_least(key, getattr(self, key), 1)
         if self.grad_accum is not None:

@@ -171,8 +171,11 @@ def deepspeed_batch(batch_size: int, grad_accum: int, num_processes: int) -> dic
 
 
 def set_batch(accelerator: Accelerator, batch_size: int) -> None:
-    """Write a batch settled after the Accelerator was built (`batch_size: auto`) into DeepSpeed's config."""
+    """Write a batch settled after the Accelerator was built (`batch_size: auto`), and the accumulation
+    with it (`global_batch_size` may choose one), into DeepSpeed's config and Accelerate's copy of it."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
-        batch = deepspeed_batch(batch_size, accelerator.gradient_accumulation_steps, accelerator.num_processes)
-        plugin.deepspeed_config.update(batch)
+        accumulation = accelerator.gradient_accumulation_steps
+        plugin.deepspeed_config.update(deepspeed_batch(batch_size, accumulation, accelerator.num_processes))
+        plugin.deepspeed_config["gradient_accumulation_steps"] = accumulation
+        plugin.gradient_accumulation_steps = accumulation

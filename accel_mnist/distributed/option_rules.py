@@ -78,6 +78,8 @@ def capture_refusal(strategy: Strategy, config: Any, optimizer_name: str) -> str
         return f"{strategy.kind} is not captured here (one process or DDP only)"
     if strategy.grad_accum > 1:
         return "gradient accumulation (more than one micro-batch per step) is not captured"
+    if getattr(config, "global_batch_size", None) is not None:  # decided before the batch (memory_plan.py)
+        return "global_batch_size may choose gradient accumulation, which is not captured"
     if config.max_grad_norm is not None:
         return "max_grad_norm: gradient clipping is not captured"
     if strategy.scaler:

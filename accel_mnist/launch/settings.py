@@ -133,6 +133,9 @@ def _resolve_grad_accum(
         asked = (int(launcher.gradient_accumulation_steps), "accelerate launch --gradient_accumulation_steps")
     if asked is not None and asked[0] < 1:
         raise ConfigError(f"{asked[1]}: must be >= 1, got {asked[0]}")
+    if config.global_batch_size is not None and asked is not None and asked[0] > 1:
+        raise ConfigError(f"global_batch_size: chooses the accumulation, but {asked[1]} is {asked[0]}; "
+                          "leave one of them out")  # fmt: skip
     if config.grad_accum is None:
         return (asked[0] if asked else 1), None
     if asked is not None and asked[0] != config.grad_accum:

@@ -227,6 +227,45 @@ def auto_line(
     return f"batch size auto: {batch:,} per process, the largest whose {fits}"
 
 
+def split_global_batch(global_batch: int, fits: int, processes: int, samples: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) that keep `global_batch` exactly: the largest per-process micro-batch no
+    larger than `fits` (what batch_size auto settled) that a whole number of accumulation steps times
+    `processes` brings to it. UsageError where it is no multiple of the processes, where one optimizer step
+    would need more than `samples` (one process's share of the training set), or where its divisors leave
+    micro-batches under half of what fits (a prime global batch would step one sample at a time)."""
+    if global_batch % processes:
+        nearest = global_batch - global_batch % processes or processes
+        raise UsageError(f"global_batch_size {global_batch:,} is not a multiple of the {processes} processes; "
+                         f"give one that is, e.g. {nearest:,}")  # fmt: skip
+    per_process = global_batch // processes
+    if per_process > samples:
+        raise UsageError(f"global_batch_size {global_batch:,}: one step would take {per_process:,} samples per "
+                         f"process, more than the {samples:,} of its share of the training set")  # fmt: skip
+    accumulation = -(-per_process // fits)  # the fewest micro-batches whose size fits
+    while per_process % accumulation:
+        accumulation += 1
+    if 2 * (per_process // accumulation) < fits and accumulation > 1:  # a prime, say: steps of tiny micro-batches
+        below, above = fits * (per_process // fits) * processes, fits * -(-per_process // fits) * processes
+        raise UsageError(f"global_batch_size {global_batch:,} splits into micro-batches of at most "
+                         f"{per_process // accumulation:,} per process where {fits:,} fit; give one with a divisor "
+                         f"near {fits:,}, e.g. {below or above:,} or {above:,}")  # fmt: skip
+    return per_process // accumulation, accumulation
+
+
+def global_batch_line(global_batch: int, batch: int, accumulation: int, processes: int, fits: int) -> str:
+    """The line that says how `global_batch_size` is kept: its micro-batch, the accumulation, and the fit."""
+    if accumulation == 1:
+        largest = "it fits in one pass"
+    elif batch == fits:
+        largest = "the largest that fits"
+    else:
+        largest = f"the largest that divides it of the {fits:,} that fit"
+    return (
+        f"global batch {global_batch:,} as asked: {batch:,} per process x {accumulation} accumulation x "
+        f"{processes} process{'es' * (processes > 1)} ({batch:,}: {largest})"
+    )
+
+
 def planned_data_bytes(config: TrainConfig, splits: list[Any]) -> int:
     """What the device loader would hold of `splits` (its images and int64 labels), before it is built."""
     if config.data_loader == "torch":

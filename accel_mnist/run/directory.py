@@ -224,6 +224,10 @@ def same_run(saved: dict[str, Any], results: dict[str, Any], now: dict[str, Any]
     chosen_by_auto = results.get("batch_size_auto") is True or saved.get("batch_size") == AUTO_BATCH
     if now["batch_size"] == AUTO_BATCH and chosen_by_auto:
         saved = {**saved, "batch_size": AUTO_BATCH}
+        if now.get("global_batch_size") is not None:  # auto chose the accumulation too, to keep this batch
+            if results.get("global_batch_size") != now["global_batch_size"]:
+                return False
+            saved = {**saved, "grad_accum": now["grad_accum"]}
     return all(saved.get(k) == now[k] for k in _FINISHED_KEYS)
 
 

@@ -19,9 +19,11 @@ from ..memory.plan import (
     CAPTURED,
     PeakPlan,
     global_batch,
+    global_batch_line,
     plan_peak,
     planned_data_bytes,
     settle_auto_batch,
+    split_global_batch,
     trace_gap_line,
 )
 from ..memory.probe import available, probe_batches
@@ -38,7 +40,9 @@ def plan_memory(
     plan at that batch: probed on a GPU before anything else is placed there (memory/plan.py)."""
     auto = was_auto = config.batch_size == AUTO_BATCH
     if auto and saved and saved.get("batch_size"):
-        config = config.replace(batch_size=int(saved["batch_size"]), max_batch_size=None)
+        if config.global_batch_size is not None:  # its accumulation too: the checkpoint's global batch
+            accelerator.gradient_accumulation_steps = int(saved.get("grad_accum") or 1)
+        config = _settled(accelerator, config, int(saved["batch_size"]))
         accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
         auto = False
     refusal = CAPTURED if step.captured else None  # no probe: its number would not hold
@@ -68,14 +72,32 @@ def plan_memory(
         room = available(accelerator.device) if plan.inputs is not None else 0  # no prediction: no GPU to ask
         samples = len(run_data.train) // accelerator.num_processes
         most = config.max_batch_size
-        plan, batch, said = settle_auto_batch(plan, numels, setup, room, samples, probe_at, agreed, most)
-        accumulation, processes = accelerator.gradient_accumulation_steps, accelerator.num_processes
-        accelerator.print(f"{said}; global batch {global_batch(batch, accumulation, processes)}; "
-                          f"the learning rate stays {config.lr:g}")  # fmt: skip
-        config = config.replace(batch_size=batch, max_batch_size=None)  # config.json: the batch that ran
+        plan, fits, said = settle_auto_batch(plan, numels, setup, room, samples, probe_at, agreed, most)
+        batch, kept = _keep_global_batch(accelerator, config.global_batch_size, fits, samples)
+        accelerator.print(f"{said}; {kept}; the learning rate stays {config.lr:g}")
+        config = _settled(accelerator, config, batch)
     for line in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
         if line:
             accelerator.print(line if line.startswith("peak memory") else f"peak memory: {line}")
     if was_auto:  # DeepSpeed's batch settings were left for this (distributed/accelerator.py)
         set_batch(accelerator, config.batch_size)
     return config, plan.at_batch(config.batch_size)
+
+
+def _keep_global_batch(accelerator: Accelerator, wanted: int | None, fits: int, samples: int) -> tuple[int, str]:
+    """The per-process batch and the line's part on the global batch: `wanted` (global_batch_size) kept by the
+    largest micro-batch that fits and the accumulation that reaches it, set on the Accelerator; else the batch
+    that fits, with the launch's accumulation."""
+    processes = accelerator.num_processes
+    if wanted is None:
+        return fits, f"global batch {global_batch(fits, accelerator.gradient_accumulation_steps, processes)}"
+    batch, accumulation = consensus.agree(accelerator, lambda: split_global_batch(wanted, fits, processes, samples))
+    accelerator.gradient_accumulation_steps = accumulation
+    return batch, global_batch_line(wanted, batch, accumulation, processes, fits)
+
+
+def _settled(accelerator: Accelerator, config: TrainConfig, batch: int) -> TrainConfig:
+    """`config` as config.json records the run: the batch and accumulation that ran, without the bounds that
+    only `auto` takes, so that `--config` of it trains the same run."""
+    accumulation = int(accelerator.gradient_accumulation_steps)
+    return config.replace(batch_size=batch, grad_accum=accumulation, max_batch_size=None, global_batch_size=None)

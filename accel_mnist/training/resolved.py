@@ -3,7 +3,8 @@ reads, so that nothing after them writes a config or works the strategy out agai
 
 The stages that settle it, in order (training/loop.py, training/start.py): the launch's accumulation
 (`with_launch`, right after the Accelerator exists, before the output directory is read), the step's
-plan (`StepPlan.of`: captured or eager, and why), then the memory plan's batch (`batch_size: auto`).
+plan (`StepPlan.of`: captured or eager, and why), then the memory plan's batch (`batch_size: auto`)
+and accumulation (`global_batch_size`: the strategy's `grad_accum` is taken again after it).
 `ResolvedRun.config` is what config.json records: run again with `--config`, it trains the same run.
 """
 

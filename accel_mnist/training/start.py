@@ -4,6 +4,7 @@ model, optimizer and schedule prepared, and any checkpoint loaded (training/loop
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,8 @@ def start_run(
     model = built.module
     auto, step = config.batch_size == AUTO_BATCH, StepPlan.of(strategy, config)
     settled, peak = plan_memory(accelerator, config, strategy, step, model, run_data, was.config if resume else None)
-    resolved = ResolvedRun(settled, strategy, step)  # what every stage reads from here on
-    config = resolved.config
+    resolved = ResolvedRun(settled, replace(strategy, grad_accum=accelerator.gradient_accumulation_steps), step)
+    config, strategy = resolved.config, resolved.strategy
     data = Loaders(run_data.train, run_data.test, config, accelerator)
     steps_per_epoch = math.ceil(len(data) / accelerator.gradient_accumulation_steps)
     saved = Strategy.from_fields(was.strategy) if resume else None

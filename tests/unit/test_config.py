@@ -40,6 +40,9 @@ def test_defaults_are_valid():
         ({"step_gamma": 1.5}, "step_gamma"),
         ({"batch_size": "auto", "max_batch_size": 0}, "max_batch_size"),
         ({"batch_size": 64, "max_batch_size": 128}, "max_batch_size"),  # a bound for `auto` alone
+        ({"batch_size": "auto", "global_batch_size": 0}, "global_batch_size"),
+        ({"batch_size": 64, "global_batch_size": 256}, "global_batch_size"),  # auto chooses the micro-batch
+        ({"batch_size": "auto", "global_batch_size": 256, "grad_accum": 2}, "global_batch_size"),  # and accumulation
     ],
 )
 def test_bad_values_name_the_key(changes, key):

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from accel_mnist import TrainConfig
-from accel_mnist.errors import UsageError
+from accel_mnist.errors import ConfigError, UsageError
 from accel_mnist.launch.settings import DEEPSPEED_WITH_CPU, FSDP_WITH_CPU, check_launch
 from tests.helpers import CONFIGS, REPO, WIZARD_MULTI_CPU
 
@@ -33,6 +33,17 @@ def test_grad_accum_unset_resolves_to_the_launchers_value(no_accelerate_env):
     assert settings.grad_accum == 2 and config.grad_accum == 2
     assert len(settings.notes) == 1 and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS is 4" in settings.notes[0]
     assert "using grad_accum=2" in settings.notes[0]
+
+
+def test_a_global_batch_refuses_the_launchers_accumulation(no_accelerate_env):
+    config = TrainConfig(batch_size="auto", global_batch_size=256)  # type: ignore[arg-type]
+    assert check_launch(config).grad_accum == 1  # chosen later, by the memory plan
+    no_accelerate_env.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
+    assert check_launch(config).grad_accum == 1  # the launcher's default: nothing asked
+    no_accelerate_env.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    with pytest.raises(ConfigError, match=r"^global_batch_size: chooses the accumulation, but "
+                       r"ACCELERATE_GRADIENT_ACCUMULATION_STEPS is 4; leave one of them out$"):  # fmt: skip
+        check_launch(config)
 
 
 def test_fp8_convertible_layers_follow_accelerates_filter():

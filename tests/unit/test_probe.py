@@ -14,7 +14,15 @@ from accel_mnist.memory.allocator import default_settings, expandable_segments, 
 from accel_mnist.memory.model_states import Setup
 from accel_mnist.memory.peak import FIT_SHARE, FRAGMENTATION, MIB, PeakInputs, predict_peak, reserved_peak
 from accel_mnist.memory.peak_inputs import probed, strategy_inputs
-from accel_mnist.memory.plan import PeakPlan, auto_batch, auto_line, global_batch, settle_auto_batch, trace_gap_line
+from accel_mnist.memory.plan import (
+    PeakPlan,
+    auto_batch,
+    auto_line,
+    global_batch,
+    settle_auto_batch,
+    split_global_batch,
+    trace_gap_line,
+)
 from accel_mnist.memory.probe import Line, Probe, fit, probe_batches
 
 NUMELS = [1_000_000, 1000]
@@ -188,8 +196,23 @@ def test_a_captured_step_is_not_predicted():
     assert not captured(gpu, graph.replace(cuda_graph=False))
     assert not captured(Strategy(kind="DEEPSPEED", device="cuda", precision="fp16", zero_stage=2), graph)
     assert not captured(gpu, graph.replace(optimizer="sgd"))  # the eager step runs: predicted as usual
+    assert not captured(gpu, graph.replace(batch_size="auto", global_batch_size=256))  # may accumulate
     plan = PeakPlan(inputs=probed(base(), probe(), 512, 1000)).refused(CAPTURED)
     assert plan.inputs is None and plan.predicted(NUMELS, SETUP)["peak_unpredicted"].startswith("cannot predict")
+
+
+def test_a_global_batch_takes_the_largest_micro_batch_that_fits_and_divides_it():
+    assert split_global_batch(96, 32, 1, 60_000) == (32, 3)  # 32 fit: 3 of them
+    assert split_global_batch(100, 32, 1, 60_000) == (25, 4)  # 32 does not divide 100: 25 does
+    assert split_global_batch(4096, 1500, 2, 30_000) == (1024, 2)  # 2,048 per process in 2 steps of 1,024
+    assert split_global_batch(64, 100, 1, 60_000) == (64, 1)  # it fits in one pass: no accumulation
+    with pytest.raises(UsageError, match=r"^global_batch_size 99 is not a multiple of the 2 processes; .* 98$"):
+        split_global_batch(99, 32, 2, 60_000)
+    with pytest.raises(UsageError, match=r"^global_batch_size 70,000: one step would take 70,000 samples per "):
+        split_global_batch(70_000, 32, 1, 60_000)
+    # A prime would step one sample at a time: refused, with the nearest global batches that split well.
+    with pytest.raises(UsageError, match=r"micro-batches of at most 1 per process where 32 fit; .* 96 or 128$"):
+        split_global_batch(97, 32, 1, 60_000)
 
 
 def test_a_batch_settled_after_the_accelerator_is_built_reaches_deepspeeds_config():
@@ -197,11 +220,13 @@ def test_a_batch_settled_after_the_accelerator_is_built_reaches_deepspeeds_confi
 
     from accel_mnist.distributed.accelerator import set_batch
 
-    ds = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"}
-    plugin = SimpleNamespace(deepspeed_config=ds)
+    ds = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": 1}
+    plugin = SimpleNamespace(deepspeed_config=ds, gradient_accumulation_steps=1)
     set_batch(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin), gradient_accumulation_steps=2,
                               num_processes=4), 300)  # fmt: skip
-    assert ds == {"train_micro_batch_size_per_gpu": 300, "train_batch_size": 2400}
+    # The accumulation too, as global_batch_size may choose it after the Accelerator was built.
+    assert ds == {"train_micro_batch_size_per_gpu": 300, "train_batch_size": 2400, "gradient_accumulation_steps": 2}
+    assert plugin.gradient_accumulation_steps == 2
     set_batch(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), 300)  # no DeepSpeed: nothing to write
 
 
@@ -254,3 +279,35 @@ def test_a_batch_size_auto_run_saves_the_batch_it_ran_and_is_found_again(synthet
     assert (results["batch_size"], results["batch_size_auto"], settled) == (32, False, [32])
     ordinary = json.loads((out / "config.json").read_text()) | {"output_dir": str(again), "max_steps": 4}
     assert json.loads((again / "config.json").read_text()) == ordinary  # a run of a number saves its config as given
+
+
+def test_a_global_batch_run_saves_its_micro_batch_and_accumulation(synthetic_mnist, tmp_path, monkeypatch):
+    import json
+
+    from accel_mnist import train
+    from accel_mnist.cli import main
+    from accel_mnist.training import memory_plan
+
+    settled: list[int] = []
+
+    def settle(plan, numels, setup, room, samples, probe_at, agreed, most):  # the GPU's probe: 32 fit
+        settled.append(32)
+        return plan, 32, "batch size auto: 32 per process"
+
+    monkeypatch.setattr(memory_plan, "settle_auto_batch", settle)
+    out = tmp_path / "run"
+    config = TrainConfig(model="linear", data_dir=str(synthetic_mnist), download=False, quiet=True, export=False,
+                         plots=False, output_dir=str(out), max_steps=2, eval_every=2, batch_size="auto",  # type: ignore[arg-type]
+                         resume_from="auto", global_batch_size=96, log_level="info")  # fmt: skip
+    first = train(config)
+    assert (first["batch_size"], first["global_batch_size"], first["steps"]) == (32, 96, 2)
+    # config.json: the micro-batch and the accumulation that ran, which --config trains again.
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["batch_size"], saved["grad_accum"], saved["global_batch_size"]) == (32, 3, None)
+    assert train(config) == first and settled == [32]  # finished: found again, nothing settled again
+    (out / "results.json").unlink()  # killed after its last checkpoint: resumed at its batch and accumulation
+    again = train(config.replace(max_steps=4))
+    assert (again["steps"], again["global_batch_size"], settled) == (4, 96, [32])
+    other = tmp_path / "other"
+    assert main(["train", "--config", str(out / "config.json"), "--output-dir", str(other), "--max-steps", "2"]) == 0
+    assert json.loads((other / "results.json").read_text())["global_batch_size"] == 96
