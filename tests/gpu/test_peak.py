@@ -5,6 +5,8 @@ whole suite: benchmarks/peak_suite.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -57,3 +59,13 @@ def test_a_batch_that_does_not_fit_ends_in_the_out_of_memory_line(mnist_dir, tmp
     message = str(excinfo.value)
     assert "\n" not in message and message.startswith("out of CUDA memory")
     assert "the estimate: batch" in message and "fits under one process" in message
+
+
+def test_a_global_batch_is_kept_by_accumulation_within_a_capped_allocator(mnist_dir, tmp_path, capped):
+    # 16,384 a step does not fit 1 GiB in one pass: the largest micro-batch that fits and divides it, accumulated.
+    results = train(_config(mnist_dir, tmp_path, "cnn", batch_size="auto", global_batch_size=16384))
+    ran = json.loads((tmp_path / "run" / "config.json").read_text())  # what ran: --config trains it again
+    seen = (results["batch_size"], results["global_batch_size"], ran["grad_accum"])
+    assert results["global_batch_size"] == 16384 == ran["batch_size"] * ran["grad_accum"], seen
+    assert ran["grad_accum"] > 1, seen
+    assert results["memory"]["per_process"][0]["peak_allocated_bytes"] <= 1 << 30, seen
