@@ -3,12 +3,46 @@
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 # Fields of a metrics row that results.json states in its own terms ("epochs", "steps", and
 # every process's peaks under "memory").
 _ROW_ONLY = ("epoch", "step", "peak_allocated_bytes", "peak_rss_bytes")
+
+
+@dataclass
+class SetupFacts:
+    """What results.json says about a run's setup, settled as the run starts (training/start.py); the
+    prewarm's seconds are filled in as it runs, and `changes` holds each way the run differs from what
+    its config asked, in the words it printed."""
+
+    model: dict[str, Any]  # the model's and the data's facts (training/inputs.py's RunModel.facts)
+    batch_size: int  # per process: the number `batch_size: auto` chose
+    # What lets `--resume-from auto` return this finished run to a `batch_size: auto` request
+    # (run/directory.py): config.json names the batch alone.
+    batch_size_auto: bool
+    global_batch_size: int
+    strategy: dict[str, Any]  # Strategy.fields()
+    data_loader: str
+    allocator_settings: dict[str, str]
+    probe_seconds: float
+    versions: dict[str, str]
+    prewarm_seconds: float = 0.0
+    prewarm_engine_seconds: float | None = None  # DeepSpeed's throwaway engine, where it ran
+    changes: list[str] = field(default_factory=list)
+
+    def fields(self) -> dict[str, Any]:
+        """The facts as results.json's fields."""
+        out = {**self.model, "batch_size": self.batch_size, "batch_size_auto": self.batch_size_auto,
+               "global_batch_size": self.global_batch_size, **self.strategy, "data_loader": self.data_loader,
+               "allocator_settings": self.allocator_settings, "prewarm_seconds": self.prewarm_seconds,
+               "probe_seconds": self.probe_seconds, "versions": self.versions,
+               "changes": list(self.changes)}  # fmt: skip
+        if self.prewarm_engine_seconds is not None:
+            out["prewarm_engine_seconds"] = self.prewarm_engine_seconds
+        return out
 
 
 def metrics_row(

@@ -31,7 +31,7 @@ from .loaders import Loaders
 from .loss_tally import LossTally
 from .preemption import Preempted, StopSignals
 from .profiling import StepProfiler
-from .records import metrics_row, results_record
+from .records import SetupFacts, metrics_row, results_record
 from .resolved import ResolvedRun
 from .state import Progress, RunDescription
 from .state import saved as saved_state
@@ -58,7 +58,7 @@ class TrainingRun:
     scheduler: Any
     cadence: Cadence
     steps_per_epoch: int
-    facts: dict[str, Any]  # what results.json says about the setup
+    facts: SetupFacts  # what results.json says about the setup
     memory: MemoryWatch  # model states held and predicted, and the peaks: counted at evaluations
     metrics: dict[str, Any] = field(default_factory=dict)  # the last evaluation's row
     confusion_matrix: list[list[int]] = field(default_factory=list)
@@ -235,7 +235,7 @@ class TrainingRun:
             self.confusion_matrix,
             steps_per_epoch=self.steps_per_epoch,
             facts={
-                **self.facts,
+                **self.facts.fields(),
                 **self.step.facts,
                 "changes": self.changes(),
                 "memory": self.memory.results(),
@@ -256,7 +256,7 @@ class TrainingRun:
     def changes(self) -> list[str]:
         """Each way the run differs from what its config asked, in the words it printed."""
         reason = self.step.facts.get("eager_reason")
-        return [*self.facts["changes"], *([eager_line(reason)] if reason else [])]
+        return [*self.facts.changes, *([eager_line(reason)] if reason else [])]
 
     def release(self) -> None:
         """Free the prepared objects before end_training: a gloo worker still holding its DDP

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from accelerate import Accelerator
 from torch import nn
@@ -35,7 +34,7 @@ from .memory_plan import plan_memory
 from .preemption import StopSignals
 from .prewarm import prewarm_run
 from .profiling import check_steps
-from .records import versions
+from .records import SetupFacts, versions
 from .resolved import ResolvedRun, StepPlan
 from .run import TrainingRun
 from .state import Progress, RunDescription, check_compatible, rescale_loss_sums
@@ -82,7 +81,7 @@ def start_run(
     run_dir.open(plan, config)
     facts = _setup_facts(accelerator, resolved, auto, built, data, peak)
     if config.prewarm:
-        facts["prewarm_seconds"] = prewarm_run(
+        facts.prewarm_seconds = prewarm_run(
             accelerator, strategy, config, model, data, len(run_data.train), described.input_shape
         )
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
@@ -91,11 +90,11 @@ def start_run(
     engine_twin = throwaway_copy(model) if config.prewarm and strategy.runs_engine else None
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, strategy, saved)
     if engine_twin is not None:
-        facts["prewarm_engine_seconds"] = prewarm_engine(
+        facts.prewarm_engine_seconds = prewarm_engine(
             accelerator, engine_twin, config, (config.batch_size, *described.input_shape),
             lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype),
         )  # fmt: skip
-        facts["prewarm_seconds"] += facts["prewarm_engine_seconds"]
+        facts.prewarm_seconds += facts.prewarm_engine_seconds
         del engine_twin
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer, peak)
     if resume:  # the checkpoint, checked at the plan, into the prepared objects and the RNGs
@@ -134,28 +133,16 @@ def _describe(
 
 def _setup_facts(
     accelerator: Accelerator, resolved: ResolvedRun, auto: bool, built: RunModel, data: Loaders, peak: PeakPlan
-) -> dict[str, Any]:
-    """What results.json says about the setup of the `resolved` run (`auto`: its batch was asked as `auto`);
-    the prewarm's seconds are filled in as it runs. Its `changes`: each way the run differs from what the
-    config asked, said here in one line."""
+) -> SetupFacts:
+    """What results.json says about the setup of the `resolved` run (`auto`: its batch was asked as `auto`),
+    with each way the run differs from what the config asked said here in one line."""
     config, strategy = resolved.config, resolved.strategy
-    facts = {
-        **built.facts,
-        "batch_size": config.batch_size,  # per process: the number `batch_size: auto` chose
-        # What lets `--resume-from auto` return this finished run to a `batch_size: auto` request
-        # (run/directory.py): config.json names the batch alone.
-        "batch_size_auto": auto,
-        "global_batch_size": resolved.global_batch_size,
-        **strategy.fields(),
-        "data_loader": data.kind,
-        "allocator_settings": allocator_settings(),
-        "prewarm_seconds": 0.0,
-        "probe_seconds": peak.probe_seconds,
-        "versions": versions(),
-        "changes": [],
-    }
+    facts = SetupFacts(model=built.facts, batch_size=config.batch_size, batch_size_auto=auto,
+                       global_batch_size=resolved.global_batch_size, strategy=strategy.fields(),
+                       data_loader=data.kind, allocator_settings=allocator_settings(),
+                       probe_seconds=peak.probe_seconds, versions=versions())  # fmt: skip
     if config.channels_last and (line := channels_last_change(strategy)):
-        tell_change(accelerator, facts["changes"], line)
+        tell_change(accelerator, facts.changes, line)
     if line := buffers_change(strategy, float_buffers(built.module)):
-        tell_change(accelerator, facts["changes"], line)
+        tell_change(accelerator, facts.changes, line)
     return facts
