@@ -244,21 +244,29 @@ def test_a_finished_run_is_returned_to_auto_where_auto_chose_its_batch():
     assert same_run({**ran, "batch_size": AUTO_BATCH}, {}, asked)  # a directory that saved auto itself, as 0
 
 
+def _stub_fit(monkeypatch, most: int | None = None) -> list[int]:
+    """What the GPU's probe would settle for `batch_size: auto` on a CPU: 32 per process fit. Returns the
+    list each settling appends to; `most`: the max_batch_size the run must hand it."""
+    from accel_mnist.training import memory_plan
+
+    settled: list[int] = []
+
+    def settle(plan, numels, setup, room, samples, probe_at, agreed, asked_most):
+        assert asked_most == most
+        settled.append(32)
+        return plan, 32, "batch size auto: 32 per process"
+
+    monkeypatch.setattr(memory_plan, "settle_auto_batch", settle)
+    return settled
+
+
 def test_a_batch_size_auto_run_saves_the_batch_it_ran_and_is_found_again(synthetic_mnist, tmp_path, monkeypatch):
     import json
 
     from accel_mnist import train
     from accel_mnist.cli import main
-    from accel_mnist.training import memory_plan
 
-    settled: list[int] = []
-
-    def settle(plan, numels, setup, room, samples, probe_at, agreed, most):  # what the GPU's probe would choose
-        assert most == 48  # the user's bound reaches the choice
-        settled.append(32)
-        return plan, 32, "batch size auto: 32 per process"
-
-    monkeypatch.setattr(memory_plan, "settle_auto_batch", settle)
+    settled = _stub_fit(monkeypatch, most=48)  # the user's bound reaches the choice
     out = tmp_path / "run"
     config = TrainConfig(model="linear", data_dir=str(synthetic_mnist), download=False, quiet=True, export=False,
                          plots=False, output_dir=str(out), max_steps=4, eval_every=4, batch_size="auto",  # type: ignore[arg-type]
@@ -286,15 +294,8 @@ def test_a_global_batch_run_saves_its_micro_batch_and_accumulation(synthetic_mni
 
     from accel_mnist import train
     from accel_mnist.cli import main
-    from accel_mnist.training import memory_plan
 
-    settled: list[int] = []
-
-    def settle(plan, numels, setup, room, samples, probe_at, agreed, most):  # the GPU's probe: 32 fit
-        settled.append(32)
-        return plan, 32, "batch size auto: 32 per process"
-
-    monkeypatch.setattr(memory_plan, "settle_auto_batch", settle)
+    settled = _stub_fit(monkeypatch)
     out = tmp_path / "run"
     config = TrainConfig(model="linear", data_dir=str(synthetic_mnist), download=False, quiet=True, export=False,
                          plots=False, output_dir=str(out), max_steps=2, eval_every=2, batch_size="auto",  # type: ignore[arg-type]
