@@ -43,6 +43,7 @@ import torch
 from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 
+from .order import epoch_order
 from .placement import HOLDABLE, copy_fits
 from .tensor_dataset import Normaliser, check_images
 
@@ -64,9 +65,9 @@ class DeviceLoader(DataLoaderStateMixin):
             `g = torch.Generator().manual_seed(seed + e)`, computed on the CPU: identical on
             every process without communication.
         torch_order: first draw one int64 from `g`, as a torch DataLoader iterator does for its
-            base seed before its RandomSampler draws the permutation. Then epoch `e` has exactly
-            the order of `DataLoader(shuffle=True, generator=g)` with `g.manual_seed(seed + e)` at
-            the epoch's start (the loop's torch path), so both data paths train identically.
+            base seed before its RandomSampler draws the permutation: `order.epoch_order`, the
+            order of the loop's torch path (`order.EpochSampler`), so both data paths train
+            identically.
         device: where the data lives and batches are produced.
         num_processes, process_index: the data-parallel world (`accelerator.num_processes`,
             `accelerator.process_index`).
@@ -189,10 +190,9 @@ class DeviceLoader(DataLoaderStateMixin):
         if not self.shuffle:
             return torch.arange(n)
         epoch = self.epoch if epoch is None else epoch
-        generator = torch.Generator().manual_seed(self.seed + epoch)
-        if self.torch_order:  # the base-seed draw of torch's _BaseDataLoaderIter.__init__
-            torch.empty((), dtype=torch.int64).random_(generator=generator)
-        return torch.randperm(n, generator=generator)
+        if self.torch_order:
+            return epoch_order(n, self.seed, epoch)
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch))
 
     def shard_indices(self, order: torch.Tensor | None = None) -> list[torch.Tensor]:
         """This process's batches of the epoch, as index tensors into the split (CPU).

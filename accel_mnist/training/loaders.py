@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from ..config import TrainConfig
 from ..data.device_loader import DeviceLoader
+from ..data.order import EpochSampler
 from ..data.placement import choose_data_loader
 from ..distributed.consensus import agree
 
@@ -45,15 +46,15 @@ class Loaders:
                 test_set, batch_size=config.eval_batch_size, shuffle=False, **common
             )
             return
-        # A seeded generator makes an epoch's order a function of seed and epoch alone;
-        # Accelerate synchronises it across processes so that shards never overlap.
-        self.generator = torch.Generator()
-        # Not persistent: a new iterator draws a base seed from the generator before the
-        # permutation, a reused one does not, so an epoch's order would depend on whether the
-        # workers lived through earlier epochs, and a resume (a fresh loader) would skip other
-        # batches than those the interrupted run had taken. The cost: workers start each epoch.
-        train = DataLoader(train_set, batch_size=config.batch_size, shuffle=True, generator=self.generator,
-                           num_workers=config.num_workers)  # fmt: skip
+        # An epoch's order is a function of seed and epoch alone (EpochSampler), the same on
+        # every process and the device path's, whatever the loader's history: so the workers
+        # persist, started once a run rather than forked again at every epoch (order.py: why
+        # each fork costs more than its time). The loader's own generator only seeds the
+        # workers, and keeps the global RNG out of it.
+        self.sampler = EpochSampler(len(train_set), config.seed)
+        train = DataLoader(train_set, batch_size=config.batch_size, sampler=self.sampler,
+                           generator=torch.Generator().manual_seed(config.seed), num_workers=config.num_workers,
+                           persistent_workers=config.num_workers > 0)  # fmt: skip
         # Its own generator too: iterating a DataLoader draws a seed, which would otherwise come
         # from the global RNG and shift the dropout masks of the training after each evaluation.
         # Unshuffled, so its workers may persist across evaluations.
@@ -84,5 +85,8 @@ class Loaders:
             self.train.set_epoch(epoch)
             self.train.skip_batches(skip)
             return self.train
-        self.generator.manual_seed(self.seed + epoch)
+        # Accelerate hands its loader's iteration count to the sampler as it starts an
+        # iteration; set here, both say `epoch`, also in the loader that skips for a resume.
+        self.train.set_epoch(epoch)
+        self.sampler.set_epoch(epoch)
         return self.accelerator.skip_first_batches(self.train, skip) if skip else self.train
