@@ -29,8 +29,7 @@ from accel_mnist.distributed.option_rules import (
     float_buffers,
 )
 from accel_mnist.distributed.strategy import Strategy as RunStrategy
-from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE
-from accel_mnist.launch.launchers import fp16_on_cpu
+from accel_mnist.distributed.strategy_checks import FSDP_NEEDS_A_DEVICE, fp16_on_cpu
 from accel_mnist.optim import optimizer_class_name
 
 # Ways of running that are not TrainConfig fields: train(config, model=...), train(config,

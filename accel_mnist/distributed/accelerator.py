@@ -26,7 +26,6 @@ from ..launch.launcher_watch import watch_launcher
 from ..launch.launchers import (
     WITHOUT_DEEPSPEED,
     env_flag,
-    fp16_on_cpu,
     process_group_of_one,
     started_by_deepspeed_launcher,
 )
@@ -86,9 +85,8 @@ def build_accelerator(config: TrainConfig, *, announce: bool = False, **kwargs: 
     fresh_json_values(accelerator)
     if config.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise UsageError(fp16_on_cpu(launch.deepspeed_json))
-    check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size)
+    check_strategy(accelerator, use_fsdp=use_fsdp, use_deepspeed=use_deepspeed, world_size=world_size,
+                   deepspeed_json=launch.deepspeed_json)  # fmt: skip
     notes = _align_and_collect_notes(accelerator, config, launch, arch_note)
     if announce:  # before the notes: the first line of a run says what runs
         accelerator.print(Strategy.of(accelerator).line)

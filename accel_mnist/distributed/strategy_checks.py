@@ -6,10 +6,15 @@ becomes DDP or a world of one); these checks turn each such case into one UsageE
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..launch.launchers import DeepSpeedJson
 
 FSDP_NEEDS_A_DEVICE = (
     "FSDP needs a GPU (or another accelerator Accelerate supports): without one, Accelerate 1.15 sets up "
@@ -38,8 +43,18 @@ def multi_process_device_available() -> bool:
     return bool(accelerate.utils.is_xpu_available() and xccl())
 
 
-def check_strategy(accelerator: Accelerator, *, use_fsdp: bool, world_size: int, use_deepspeed: bool = False) -> None:
-    """UsageError where Accelerate set up something else than the launch asked for."""
+def check_strategy(
+    accelerator: Accelerator,
+    *,
+    use_fsdp: bool,
+    world_size: int,
+    use_deepspeed: bool = False,
+    deepspeed_json: DeepSpeedJson | None = None,
+) -> None:
+    """UsageError where Accelerate set up something else than the launch asked for, or fp16 on a
+    CPU (`deepspeed_json`: the DeepSpeed config the launch found, to name where fp16 was asked)."""
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise UsageError(fp16_on_cpu(deepspeed_json))
     if use_deepspeed and accelerator.distributed_type != DistributedType.DEEPSPEED:
         raise UsageError(
             f"DeepSpeed was requested but Accelerate set up {accelerator.distributed_type.value}; "
@@ -56,6 +71,14 @@ def check_strategy(accelerator: Accelerator, *, use_fsdp: bool, world_size: int,
             f"them ({accelerator.distributed_type.value} on {accelerator.device.type}); each would train alone"
         )
     _check_dynamo(accelerator)
+
+
+def fp16_on_cpu(found: DeepSpeedJson | None) -> str:
+    """The refusal of fp16 on a CPU, naming the place that asked for it."""
+    fp16 = found.data.get("fp16") if found is not None and found.own else None
+    if found is not None and isinstance(fp16, dict) and fp16.get("enabled") is True:
+        return f'{found.label} enables fp16, which needs a GPU; on CPU set "fp16": {{"enabled": false}} there'
+    return "mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)"
 
 
 def _check_dynamo(accelerator: Accelerator) -> None:

@@ -71,14 +71,6 @@ WITHOUT_DEEPSPEED = (
 )
 
 
-def fp16_on_cpu(found: DeepSpeedJson | None) -> str:
-    """The refusal of fp16 on a CPU, naming the place that asked for it."""
-    fp16 = found.data.get("fp16") if found is not None and found.own else None
-    if found is not None and isinstance(fp16, dict) and fp16.get("enabled") is True:
-        return f'{found.label} enables fp16, which needs a GPU; on CPU set "fp16": {{"enabled": false}} there'
-    return "mixed precision fp16 needs a GPU; on CPU launch with --mixed_precision no (or bf16)"
-
-
 def deepspeed_installed() -> bool:
     """Whether deepspeed can be imported (as Accelerate checks it, without importing it)."""
     from accelerate.utils import is_deepspeed_available

@@ -71,9 +71,6 @@ def check_launch(config: TrainConfig, *, cpu: bool = False) -> LaunchSettings:
         # The same check runs again on Accelerate's copy (strategy._align_deepspeed); here it only
         # refuses early a JSON optimizer/scheduler that DeepSpeed would reject mid-setup.
         check_deepspeed_optim(copy.deepcopy(ds_json), config)
-    # The config's optimizer and schedule are built unless a DeepSpeed JSON brings its own optimizer.
-    if not (ds_json and "optimizer" in ds_json) and (why := schedule_refusal(config)):
-        raise UsageError(why)
     grad_accum, note = _resolve_grad_accum(config, launcher, ds_json, use_deepspeed)
     settings = LaunchSettings(grad_accum, use_deepspeed, found, notes=[note] if note else [])
     if launcher is not None and not use_deepspeed and launcher.gradient_clipping is not None:
@@ -95,6 +92,9 @@ def check_launch(config: TrainConfig, *, cpu: bool = False) -> LaunchSettings:
             "zero3_init_flag has no effect here: Accelerate applies deepspeed.zero.Init only to Transformers "
             "models; ZeRO-3 partitions this model's parameters when it is prepared"
         )
+    # The config's optimizer and schedule are built unless a DeepSpeed JSON brings its own optimizer.
+    if not (ds_json and "optimizer" in ds_json) and (why := schedule_refusal(config)):
+        raise UsageError(why)
     return settings
 
 

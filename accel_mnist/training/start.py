@@ -120,12 +120,13 @@ def _describe(
     model and data (`built`)."""
     check_steps(config.profile, total_steps)
     if resume:
+        # The loss sums for this world size (nothing is loaded yet: a refusal below loses nothing).
+        progress.loss_sums = rescale_loss_sums(progress, accelerator.num_processes)
         settings, data_fields = config.to_dict(), run_data.state_fields
         consensus.agree(
             accelerator,
             lambda: check_compatible(progress, was, strategy, settings, resume, total_steps, data_fields),
         )
-        progress.loss_sums = rescale_loss_sums(progress, accelerator.num_processes)
     return RunDescription(
         total_steps=total_steps, strategy=strategy.fields(), config=config.to_dict(), **built.described
     )

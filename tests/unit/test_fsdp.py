@@ -42,7 +42,7 @@ def test_fsdp_without_a_gpu_is_refused_before_the_accelerator(tmp_path, monkeypa
 def test_world_size_that_accelerate_did_not_join_is_refused():
     # What a launch onto a device without a collective backend would otherwise give: N runs of one.
     alone = SimpleNamespace(
-        num_processes=1, distributed_type=DistributedType.NO, device=torch.device("cpu"),
+        num_processes=1, distributed_type=DistributedType.NO, device=torch.device("cpu"), mixed_precision="no",
         state=SimpleNamespace(dynamo_plugin=SimpleNamespace(backend=SimpleNamespace(value="NO"))),
     )  # fmt: skip
     check_strategy(alone, use_fsdp=False, world_size=1)  # type: ignore[arg-type]
@@ -55,8 +55,9 @@ def test_world_size_that_accelerate_did_not_join_is_refused():
 def _fsdp_state(version: int, use_orig_params: bool | None, backend: str) -> SimpleNamespace:
     fsdp = SimpleNamespace(fsdp_version=version, use_orig_params=use_orig_params)
     dynamo = SimpleNamespace(backend=SimpleNamespace(value=backend))
+    state = SimpleNamespace(fsdp_plugin=fsdp, dynamo_plugin=dynamo)
     return SimpleNamespace(num_processes=1, distributed_type=DistributedType.FSDP, device=torch.device("cuda"),
-                           state=SimpleNamespace(fsdp_plugin=fsdp, dynamo_plugin=dynamo))  # fmt: skip
+                           mixed_precision="no", state=state)  # fmt: skip
 
 
 def test_dynamo_with_fsdp1_needs_the_original_parameters():
