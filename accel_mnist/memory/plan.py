@@ -252,6 +252,19 @@ def split_global_batch(global_batch: int, fits: int, processes: int, samples: in
     return per_process // accumulation, accumulation
 
 
+def keep_global_batch(
+    wanted: int | None, fits: int, accumulation: int, processes: int, samples: int,
+    agreed: Callable[[Callable[[], tuple[int, int]]], tuple[int, int]],
+) -> tuple[int, int, str]:  # fmt: skip
+    """(per-process batch, accumulation, the line's part on the global batch) once batch_size auto settled
+    `fits`: `wanted` (global_batch_size) kept by `split_global_batch`, as every process agrees (`agreed`);
+    without one, the batch that fits and the launch's `accumulation`."""
+    if wanted is None:
+        return fits, accumulation, f"global batch {global_batch(fits, accumulation, processes)}"
+    batch, accumulation = agreed(lambda: split_global_batch(wanted, fits, processes, samples))
+    return batch, accumulation, global_batch_line(wanted, batch, accumulation, processes, fits)
+
+
 def global_batch_line(global_batch: int, batch: int, accumulation: int, processes: int, fits: int) -> str:
     """The line that says how `global_batch_size` is kept: its micro-batch, the accumulation, and the fit."""
     if accumulation == 1:

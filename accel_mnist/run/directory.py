@@ -184,8 +184,8 @@ class RunDir:
                 for later in earlier:
                     if ckpt.step_of(later) > resume_step:
                         shutil.rmtree(later, ignore_errors=True)
-            write_json_atomic(self.dir / outputs.CONFIG_FILE, self.config.to_dict())
             outputs.truncate_metrics(self.dir, resume_step)
+            write_json_atomic(self.dir / outputs.CONFIG_FILE, self.config.to_dict())
             (self.dir / outputs.RESULTS_FILE).unlink(missing_ok=True)
             (self.dir / outputs.PREEMPTED_FILE).unlink(missing_ok=True)
 

@@ -18,12 +18,10 @@ from ..memory.memory_watch import setup_of, trainable_numels
 from ..memory.plan import (
     CAPTURED,
     PeakPlan,
-    global_batch,
-    global_batch_line,
+    keep_global_batch,
     plan_peak,
     planned_data_bytes,
     settle_auto_batch,
-    split_global_batch,
     trace_gap_line,
 )
 from ..memory.probe import available, probe_batches
@@ -46,11 +44,12 @@ def plan_memory(
         accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
         auto = False
     refusal = CAPTURED if step.captured else None  # no probe: its number would not hold
-    numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
     channels_last = config.channels_last
 
     def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return batch_loss(m, x, y, channels_last, dtype)
+
+    numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
 
     def agreed(choose: Callable[[], int]) -> int:
         """Every process's choice, the smallest taken; a UsageError on one process is raised on all."""
@@ -73,7 +72,10 @@ def plan_memory(
         samples = len(run_data.train) // accelerator.num_processes
         most = config.max_batch_size
         plan, fits, said = settle_auto_batch(plan, numels, setup, room, samples, probe_at, agreed, most)
-        batch, kept = _keep_global_batch(accelerator, config.global_batch_size, fits, samples)
+        batch, accelerator.gradient_accumulation_steps, kept = keep_global_batch(
+            config.global_batch_size, fits, accelerator.gradient_accumulation_steps, accelerator.num_processes,
+            samples, lambda choose: consensus.agree(accelerator, choose),
+        )  # fmt: skip
         accelerator.print(f"{said}; {kept}; the learning rate stays {config.lr:g}")
         config = _settled(accelerator, config, batch)
     for line in (plan.note, trace_gap_line(plan, numels, setup), plan.unpredicted):
@@ -82,18 +84,6 @@ def plan_memory(
     if was_auto:  # DeepSpeed's batch settings were left for this (distributed/accelerator.py)
         set_batch(accelerator, config.batch_size)
     return config, plan.at_batch(config.batch_size)
-
-
-def _keep_global_batch(accelerator: Accelerator, wanted: int | None, fits: int, samples: int) -> tuple[int, str]:
-    """The per-process batch and the line's part on the global batch: `wanted` (global_batch_size) kept by the
-    largest micro-batch that fits and the accumulation that reaches it, set on the Accelerator; else the batch
-    that fits, with the launch's accumulation."""
-    processes = accelerator.num_processes
-    if wanted is None:
-        return fits, f"global batch {global_batch(fits, accelerator.gradient_accumulation_steps, processes)}"
-    batch, accumulation = consensus.agree(accelerator, lambda: split_global_batch(wanted, fits, processes, samples))
-    accelerator.gradient_accumulation_steps = accumulation
-    return batch, global_batch_line(wanted, batch, accumulation, processes, fits)
 
 
 def _settled(accelerator: Accelerator, config: TrainConfig, batch: int) -> TrainConfig:
