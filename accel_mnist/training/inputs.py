@@ -26,6 +26,7 @@ from ..errors import UsageError, one_line
 from ..model_output import logits_of
 from ..models import INPUT_SHAPE, build_model, num_parameters
 from ..precision import sixteen_bit_dtype
+from .state import RunDescription
 from .step import to_memory_format
 
 
@@ -129,8 +130,17 @@ class RunModel:
     """The run's model, as the strategy computes it, and what the run records about it and its data."""
 
     module: nn.Module
-    described: dict[str, Any]  # RunDescription's fields: what an export needs to rebuild the model
-    facts: dict[str, Any]  # what results.json says about the model and the data
+    # What the model and the data say of the run (what an export needs to rebuild the model); the
+    # run's length, strategy and config are filled in once they are settled (training/start.py).
+    described: RunDescription
+    num_parameters: int
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """What results.json says about the model and the data."""
+        d = self.described
+        return {"model": d.model, "dataset": d.dataset, "num_classes": d.num_classes, "class_names": d.class_names,
+                "input_shape": d.input_shape, "num_parameters": self.num_parameters}  # fmt: skip
 
 
 def run_model(
@@ -150,12 +160,10 @@ def run_model(
     check_model(accelerator, module)
     if accelerator.process_index:  # dropout masks of its own; rank 0 keeps the stream of one process
         set_seed(config.seed, device_specific=True)
-    fields = data.state_fields
-    described = {"model": name, "dataset": data.name, "mean": data.train.mean, "std": data.train.std, **fields,
-                 "transformers_config": hf_config(module, data.train.class_names)}  # fmt: skip
-    facts = {k: described[k] for k in ("model", "dataset", "num_classes", "class_names", "input_shape")}
-    facts["num_parameters"] = num_parameters(module)
-    return RunModel(module, described, facts)
+    transformers_config = hf_config(module, data.train.class_names)
+    described = RunDescription(model=name, dataset=data.name, mean=data.train.mean, std=data.train.std,
+                               transformers_config=transformers_config, **data.state_fields)  # fmt: skip
+    return RunModel(module, described, num_parameters(module))
 
 
 def _dims(shape: Any) -> str:

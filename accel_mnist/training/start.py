@@ -127,9 +127,7 @@ def _describe(
             accelerator,
             lambda: check_compatible(progress, was, strategy, settings, resume, total_steps, data_fields),
         )
-    return RunDescription(
-        total_steps=total_steps, strategy=strategy.fields(), config=config.to_dict(), **built.described
-    )
+    return replace(built.described, total_steps=total_steps, strategy=strategy.fields(), config=config.to_dict())
 
 
 def _setup_facts(
