@@ -62,6 +62,14 @@ class Loaders:
                           num_workers=config.num_workers, persistent_workers=config.num_workers > 0)  # fmt: skip
         self.train, self.test = accelerator.prepare(train, test)
 
+    def close(self) -> None:
+        """End the torch path's worker processes now. Left to some later garbage collection,
+        the threads that feed their queues would end while the process goes on, perhaps while it forks the
+        workers of its next run: a fork that CPython before python/cpython#112275's fix can deadlock."""
+        # The last references once the Accelerator let go of them (free_memory): their iterators shut the
+        # workers down as they are freed.
+        self.train = self.test = None
+
     def device_bytes(self) -> int:
         """Bytes the loaders hold on the device for the whole run: both splits on the device path, else 0."""
         if self.kind != "device":

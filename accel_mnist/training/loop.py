@@ -74,6 +74,8 @@ def train(
         batch = run.config.batch_size  # `batch_size: auto` is settled there
         raise out_of_memory_error(accelerator, batch, run.memory, run.progress.step, run.last_checkpoint, exc) from None
     finally:
+        if run is not None:
+            run.release()  # done already where the run finished or was preempted
         end_run(accelerator)
 
 

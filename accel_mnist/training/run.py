@@ -42,6 +42,15 @@ def _nothing() -> None:
     return None
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread, which starts with a bar and ends when the last one closes: a
+    thread ending while the process forks (a DataLoader worker) can deadlock the child on CPython
+    before python/cpython#112275's fix (data/order.py). The monitor only refreshes a bar that has not
+    printed for 10 s; this one is updated every step."""
+
+    monitor_interval = 0
+
+
 @dataclass
 class TrainingRun:
     """One run, set up: `fit` trains it, `finish` exports it and writes its results."""
@@ -76,7 +85,8 @@ class TrainingRun:
         self.clock = TrainingClock(self.progress, self.losses.fold)
         self.profiler = StepProfiler(self.accelerator, self.config.profile, self.config.output_dir)
         quiet = self.config.quiet or not self.accelerator.is_main_process
-        self.bar = tqdm(
+        self.released = False
+        self.bar = _Bar(
             total=self.cadence.total_steps,
             initial=self.progress.step,
             unit="step",
@@ -259,6 +269,11 @@ class TrainingRun:
         return [*self.facts.changes, *([eager_line(reason)] if reason else [])]
 
     def release(self) -> None:
-        """Free the prepared objects before end_training: a gloo worker still holding its DDP
-        model at interpreter exit sometimes aborts ("terminate called without an active exception")."""
+        """Free the prepared objects before end_training (once; also when the run stops with an error): a gloo
+        worker still holding its DDP model at interpreter exit sometimes aborts ("terminate called without an
+        active exception"). The data loaders' worker processes end here too (Loaders.close)."""
+        if self.released:
+            return
+        self.released = True
         self.accelerator.free_memory(self.model, self.optimizer, self.scheduler, self.data.train, self.data.test)
+        self.data.close()
