@@ -21,16 +21,21 @@ def _config(data_dir, tmp_path, **changes):
                        data_loader="torch", num_workers=1, **changes)  # fmt: skip
 
 
-def _threads() -> set[tuple[int | None, str]]:
-    return {(t.ident, t.name) for t in threading.enumerate()}
+def _children() -> set[int | None]:
+    """This process's live child processes (other tests in this process may have left their own)."""
+    return {p.pid for p in multiprocessing.active_children()}
 
 
 def test_a_finished_run_leaves_no_workers_and_started_no_monitor(synthetic_mnist, tmp_path):
-    before = _threads()
+    threads, children = set(threading.enumerate()), _children()
     train(_config(synthetic_mnist, tmp_path))  # not quiet: the progress bar is shown
-    assert multiprocessing.active_children() == []
-    started = {name for _ident, name in _threads() - before}
-    assert not any("tqdm" in name or "QueueFeeder" in name for name in started), started
+    assert _children() <= children  # the workers were joined before train() returned
+    started = set(threading.enumerate()) - threads
+    assert not any("tqdm" in t.name for t in started), started
+    feeders = [t for t in started if "QueueFeeder" in t.name]
+    for thread in feeders:  # they end on their own once the workers' queues are closed
+        thread.join(timeout=10)
+    assert not [t.name for t in feeders if t.is_alive()]
 
 
 class _FailsAtStep3(nn.Module):
@@ -48,6 +53,7 @@ class _FailsAtStep3(nn.Module):
 
 def test_a_run_stopped_by_an_error_ends_its_workers(synthetic_mnist, tmp_path):
     """Also while its traceback (and so the run's frames) is still held, as a notebook holds the last one."""
+    children = _children()
     with pytest.raises(RuntimeError, match="the user's model failed") as stopped:
         train(_config(synthetic_mnist, tmp_path, quiet=True), model=_FailsAtStep3())
-    assert stopped.tb is not None and multiprocessing.active_children() == []
+    assert stopped.tb is not None and _children() <= children

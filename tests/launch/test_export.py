@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from torch import nn
 from accel_mnist.errors import UsageError
 from accel_mnist.export.model_dir import WEIGHTS_FILE, export_from_checkpoint, load_model
 from accel_mnist.models import build_model
-from tests.helpers import CONFIGS, REPO, Planted, assert_one_line, assert_same_weights
+from tests.helpers import CONFIGS, REPO, Planted, assert_one_line, assert_same_weights, launch_prefix
 
 # A 2-process launch: train two steps, save_state, and export the live weights. On CPU,
 # build_accelerator puts the processes in one gloo group. A persistence threshold of 0 makes
@@ -83,9 +81,9 @@ def linear_with_extras() -> nn.Module:
 def test_two_process_export_matches_checkpoint_export(tmp_path, config, precision, extras):
     script = tmp_path / "run.py"
     script.write_text(LAUNCH_SCRIPT)
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--config_file", str(CONFIGS / config)]
-    cmd += ["--mixed_precision", precision] if precision else []
+    cmd = launch_prefix(
+        ["--config_file", str(CONFIGS / config), *(["--mixed_precision", precision] if precision else [])]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = [str(script), str(tmp_path)] + (["--extras"] if extras else [])
     proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)

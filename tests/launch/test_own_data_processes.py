@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import CONFIGS, REPO, metrics_rows
+from tests.helpers import CONFIGS, REPO, launch_prefix, metrics_rows
 from tests.your_model_data import save_hf, splits
 
 pytestmark = pytest.mark.slow
@@ -20,8 +19,7 @@ SCRIPT = Path(__file__).with_name("own_data_script.py")
 
 
 def launch(out, *args):
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--config_file", str(CONFIGS / "multi_cpu.yaml"), str(SCRIPT), str(out), *args]
+    cmd = [*launch_prefix(["--config_file", str(CONFIGS / "multi_cpu.yaml")]), str(SCRIPT), str(out), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from accel_mnist import TrainConfig
-from tests.helpers import CONFIGS, REPO
+from tests.helpers import CONFIGS, REPO, launch_prefix
 
 # Run by `accelerate launch`: records, per rank, the weights the library builds (before any
 # wrapper broadcasts them) and the first training batches' dropout masks, through a global
@@ -52,9 +50,11 @@ def test_dropout_masks_differ_across_ranks_but_weights_do_not(tmp_path, mnist_di
     script.write_text(MASK_SCRIPT)
     config = TrainConfig(model="mlp", data_dir=str(mnist_dir), download=False, quiet=True, export=False,
                          output_dir=str(out), max_steps=2, save_checkpoints=False, eval_batch_size=5000)  # fmt: skip
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    cmd = [accelerate, "launch", "--config_file", str(CONFIGS / "multi_cpu.yaml"), str(script),
-           json.dumps(config.to_dict())]  # fmt: skip
+    cmd = [
+        *launch_prefix(["--config_file", str(CONFIGS / "multi_cpu.yaml")]),
+        str(script),
+        json.dumps(config.to_dict()),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
