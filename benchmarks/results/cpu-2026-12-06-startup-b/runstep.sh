@@ -1,0 +1,2 @@
+#!/bin/bash
+cd "$1" && ACCEL_MNIST_DATA_DIR=/work/shared/data/mnist exec /work/main/.venv/bin/python -m accel_mnist train --model cnn --max-steps 120 --eval-every 0 --no-export --no-plots --no-save-checkpoints --quiet --overwrite --output-dir /tmp/stepbench-$(basename $1) --data-loader device
