@@ -12,7 +12,7 @@ epoch's order would depend on whether the workers lived through the earlier epoc
 resumed run (a fresh loader) would take other batches than the interrupted one. This sampler
 owns its generator, so the training loader's workers can persist: they start once a run
 instead of once an epoch, and each start is a `fork()` of a process that runs threads of its
-own, which CPython before 3.11.10 can deadlock (python/cpython#112275; docs/strategies.md).
+own, which a CPython without the fix of python/cpython#112275 can deadlock (docs/strategies.md).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ class Loaders:
         # path: the torch path's loaders synchronise RNG states, a collective the other lacks.
         votes = accelerator.gather(torch.tensor([kind == "device"], device=accelerator.device))
         self.kind = "device" if bool(votes.all()) else "torch"
-        self.seed = config.seed
         self.accelerator = accelerator
         if self.kind == "device":
             common = {"device": accelerator.device, "num_processes": accelerator.num_processes,
