@@ -16,7 +16,7 @@ prediction alone: nothing is tried until it stops running out of memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -91,12 +91,13 @@ class PeakPlan:
 def plan_peak(
     accelerator: Accelerator, config: TrainConfig, strategy: Strategy, model: nn.Module,
     input_shape: tuple[int, ...], data_bytes: int, loss: Any, batches: tuple[int, ...] | None = None,
-    examples: torch.Tensor | None = None,
+    examples: Sequence[torch.Tensor] = (),
 ) -> PeakPlan:  # fmt: skip
     """The run's plan for `model` before `prepare`; `loss(model, inputs, labels, dtype)`: the run's forward and
     loss. `config.batch_size` may still be 0 (auto): the probe then covers small batches and `at_batch` settles
-    it. `batches`: the training batches to probe (default: probe_batches of the config's); `examples`: a few
-    training inputs the probe repeats (probe.measure)."""
+    it. `batches`: the training batches to probe (default: probe_batches of the config's); `examples`: draws of
+    a few training inputs the probe repeats (probe.measure), the first alone where the forward runs on the meta
+    device (its path does not depend on the values), every draw where it does not."""
     device = accelerator.device
     if device.type == "cpu":
         return PeakPlan()
@@ -106,27 +107,14 @@ def plan_peak(
     batch = config.batch_size or 1
     fsdp = accelerator.state.fsdp_plugin if strategy.kind == "FSDP" else None
     checkpointing = fsdp is not None and getattr(fsdp, "activation_checkpointing", False)
-    probe, why_not_probed = None, ""
-    rule = strategy.copy_precision  # the weights' precision and autocast, as the prepared model computes
-    if not checkpointing:  # the probe first: the trace below runs on the meta device and holds no memory
-        dtype = sixteen_bit_dtype(rule.weights) if rule.weights else None
-        autocast = accelerator.autocast if rule.autocast else nullcontext
-        try:
-            probe = measure(model, device=device, dtype=dtype, input_shape=input_shape,
-                            batches=batches or probe_batches(config.batch_size or None),
-                            eval_batches=probe_batches(config.eval_batch_size),
-                            loss=lambda m, x, y: loss(m, x, y, dtype or torch.float32),
-                            autocast=autocast, examples=examples)  # fmt: skip
-        except torch.OutOfMemoryError:
-            why_not_probed = "the probe's copy of the model ran out of GPU memory"
-        except TRACE_ERRORS as exc:
-            why_not_probed = f"the probe failed ({short_reason(exc)})"
     base = strategy_inputs(model, optimizer=str(config.optimizer), data_bytes=data_bytes, zero=zero)
+    # The trace first: it runs on the meta device and holds no GPU memory, and whether it runs says how many
+    # draws of images the probe needs.
     trace, why_not_traced, runs_on_meta = None, "", True
     try:
         trace = inputs_for(model, batch_size=batch, eval_batch_size=config.eval_batch_size,
                            mixed_precision=precision, optimizer=str(config.optimizer), data_bytes=data_bytes,
-                           input_shape=input_shape, zero=zero, autocast=rule.autocast)  # fmt: skip
+                           input_shape=input_shape, zero=zero, autocast=strategy.copy_precision.autocast)  # fmt: skip
     except Untraceable as exc:  # it ran, and said which layer it cannot model: the probe measures that layer
         why_not_traced = str(exc)
     except TRACE_ERRORS as exc:
@@ -135,6 +123,8 @@ def plan_peak(
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
         return PeakPlan(trace=trace, unpredicted=why)
+    draws = list(examples[:1]) if runs_on_meta else list(examples)
+    probe, why_not_probed = _probe(accelerator, config, strategy, model, input_shape, loss, batches, draws)
     if probe is None:  # the trace's plan, said in one line, else no prediction
         if trace is None:
             return PeakPlan(unpredicted=f"cannot predict: {why_not_probed}, and {why_not_traced}")
@@ -143,9 +133,33 @@ def plan_peak(
     if probe.untrusted:
         return PeakPlan(trace=trace, probe=probe, unpredicted=f"cannot predict: {probe.untrusted}")
     # A forward the meta device cannot run needs real values, and may take another path on another batch.
-    note = (f"peak memory: the probe measured the path its example images took; {why_not_traced}, so it may take "
-            "others on other batches") if not runs_on_meta else None  # fmt: skip
+    note = None
+    if not runs_on_meta:
+        note = (f"peak memory: the probe measured {len(draws)} draws of example images and kept the largest; "
+                f"{why_not_traced}, so a batch may still take a path none of them took")  # fmt: skip
     return PeakPlan(inputs=probed(base, probe, batch, config.eval_batch_size), trace=trace, probe=probe, note=note)
+
+
+def _probe(
+    accelerator: Accelerator, config: TrainConfig, strategy: Strategy, model: nn.Module,
+    input_shape: tuple[int, ...], loss: Any, batches: tuple[int, ...] | None, draws: list[torch.Tensor],
+) -> tuple[Probe | None, str]:  # fmt: skip
+    """The probe of `model` as the prepared model computes (its weights' precision and autocast), or None and
+    why it could not measure."""
+    rule = strategy.copy_precision  # the weights' precision and autocast, as the prepared model computes
+    dtype = sixteen_bit_dtype(rule.weights) if rule.weights else None
+    autocast = accelerator.autocast if rule.autocast else nullcontext
+    try:
+        probe = measure(model, device=accelerator.device, dtype=dtype, input_shape=input_shape,
+                        batches=batches or probe_batches(config.batch_size or None),
+                        eval_batches=probe_batches(config.eval_batch_size),
+                        loss=lambda m, x, y: loss(m, x, y, dtype or torch.float32),
+                        autocast=autocast, examples=draws)  # fmt: skip
+    except torch.OutOfMemoryError:
+        return None, "the probe's copy of the model ran out of GPU memory"
+    except TRACE_ERRORS as exc:
+        return None, f"the probe failed ({short_reason(exc)})"
+    return probe, ""
 
 
 def trace_gap_line(plan: PeakPlan, numels: list[int], setup: Setup) -> str | None:

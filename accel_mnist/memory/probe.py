@@ -103,22 +103,24 @@ def measure(
     model: nn.Module, *, device: torch.device, dtype: torch.dtype | None, input_shape: Sequence[int],
     batches: Sequence[int], eval_batches: Sequence[int],
     loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
-    autocast: Callable[[], AbstractContextManager[object]] = nullcontext, examples: torch.Tensor | None = None,
+    autocast: Callable[[], AbstractContextManager[object]] = nullcontext, examples: Sequence[torch.Tensor] = (),
 ) -> Probe:  # fmt: skip
     """Probe `model` (a copy is measured) on a CUDA `device`: weights in `dtype` (None: as they are; DeepSpeed
-    keeps 16-bit ones), `loss(model, inputs, labels)` the run's forward and loss. `examples`: a few real inputs,
-    repeated to each batch, so that a forward that branches on its values takes the run's path (default: zeros).
+    keeps 16-bit ones), `loss(model, inputs, labels)` the run's forward and loss. `examples`: draws of a few real
+    inputs, each repeated to each batch, so that a forward that branches on its values takes the run's paths:
+    every draw is measured and each batch keeps its largest bytes (default: one draw of zeros).
     Raises torch.OutOfMemoryError where even the probe does not fit."""
     start = time.perf_counter()
     twin: nn.Module | None = None
     try:
         with torch.random.fork_rng(devices=[device.index or 0], device_type="cuda"):
             twin = throwaway_copy(model, device, dtype)
-            source = (examples if examples is not None else torch.zeros(1, *input_shape)).to(device)
+            sources = [e.to(device) for e in examples] or [torch.zeros(1, *input_shape, device=device)]
             twin.train()
-            train = [(b, _train_bytes(twin, b, device, source, loss, autocast)) for b in batches]
+            train = [(b, max(_train_bytes(twin, b, device, s, loss, autocast) for s in sources)) for b in batches]
             twin.eval()
-            evaluate = [(b, _eval_bytes(twin, b, device, source, loss, autocast)) for b in eval_batches]
+            evaluate = [(b, max(_eval_bytes(twin, b, device, s, loss, autocast) for s in sources))
+                        for b in eval_batches]  # fmt: skip
     finally:
         del twin
         gc.collect()

@@ -55,8 +55,7 @@ def plan_memory(
         """Every process's choice, the smallest taken; a UsageError on one process is raised on all."""
         return min(row[0] for row in consensus.gather_ints(accelerator, [consensus.agree(accelerator, choose)]))
 
-    # Real images, as the loader normalises them: a forward that branches on its inputs' values takes their path.
-    examples = torch.stack([run_data.train[i][0] for i in range(min(64, len(run_data.train)))])
+    examples = example_draws(run_data.train, config.seed)
     shape = tuple(run_data.train.input_shape)
     data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
 
@@ -91,3 +90,24 @@ def _settled(accelerator: Accelerator, config: TrainConfig, batch: int) -> Train
     only `auto` takes, so that `--config` of it trains the same run."""
     accumulation = int(accelerator.gradient_accumulation_steps)
     return config.replace(batch_size=batch, grad_accum=accumulation, max_batch_size=None, global_batch_size=None)
+
+
+DRAW = 64  # images in one draw of the probe's examples
+POOL = 512  # the images the darkest, brightest and random draws are taken from
+
+
+def example_draws(train: Any, seed: int) -> list[torch.Tensor]:
+    """Draws of real training inputs, as the loader normalises them, for the probe to repeat to its batches: a
+    forward that branches on its inputs' values (the probe runs every draw where the forward cannot run on the
+    meta device) takes their paths. The first `DRAW` images first (the one draw a value-blind forward needs);
+    then, from `POOL` seeded random images, the `DRAW` darkest, the `DRAW` brightest (by mean: a threshold on a
+    batch's statistics falls between them) and two random draws."""
+    first = torch.stack([train[i][0] for i in range(min(DRAW, len(train)))])
+    if len(train) <= DRAW:
+        return [first]
+    generator = torch.Generator().manual_seed(seed)
+    picked = torch.randperm(len(train), generator=generator)[: min(POOL, len(train))]
+    pool = torch.stack([train[int(i)][0] for i in picked])
+    by_mean = pool.flatten(1).float().mean(1).argsort()
+    shuffled = torch.randperm(len(pool), generator=generator)
+    return [first, pool[by_mean[:DRAW]], pool[by_mean[-DRAW:]], pool[shuffled[:DRAW]], pool[shuffled[DRAW : 2 * DRAW]]]

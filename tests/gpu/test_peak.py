@@ -9,6 +9,8 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from accel_mnist import TrainConfig, train
 from accel_mnist.errors import OutOfMemory
@@ -69,3 +71,30 @@ def test_a_global_batch_is_kept_by_accumulation_within_a_capped_allocator(mnist_
     assert results["global_batch_size"] == 16384 == ran["batch_size"] * ran["grad_accum"], seen
     assert ran["grad_accum"] > 1, seen
     assert results["memory"]["per_process"][0]["peak_allocated_bytes"] <= 1 << 30, seen
+
+
+class _BranchOnValues(nn.Module):
+    """A forward that cannot run on the meta device: its pooling depends on the batch's mean. The max pool keeps
+    int64 indices for the backward (the average pool keeps nothing): 64 x 14 x 14 x 8 bytes a sample more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 64, 3, padding=1)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))
+        h = F.max_pool2d(h, 2) if x.mean() > 0 else F.avg_pool2d(h, 2)
+        return self.head(h.mean((2, 3)))
+
+
+def test_a_forward_that_branches_on_its_images_is_probed_on_both_paths(mnist_dir, tmp_path):
+    # The first 64 MNIST images' normalised mean is below 0: one draw of them probes the average pool only,
+    # while about half of the run's batches of 2048 take the max pool and its indices.
+    torch.cuda.reset_peak_memory_stats()
+    results = train(_config(mnist_dir, tmp_path, "cnn", max_steps=12, mixed_precision="no"), _BranchOnValues())
+    memory = results["memory"]
+    measured = memory["per_process"][0]["peak_allocated_bytes"]
+    predicted = memory["predicted"]["peak_allocated_bytes"]
+    assert memory["predicted"]["peak_source"] == "probe"
+    assert predicted and abs(measured / predicted - 1) <= 0.10, (measured, predicted)

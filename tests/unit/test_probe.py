@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 from torch import nn
 
 from accel_mnist.config import AUTO_BATCH, TrainConfig, coerce
@@ -24,6 +25,7 @@ from accel_mnist.memory.plan import (
     trace_gap_line,
 )
 from accel_mnist.memory.probe import Line, Probe, fit, probe_batches
+from accel_mnist.training.memory_plan import example_draws
 
 NUMELS = [1_000_000, 1000]
 SETUP = Setup(mixed_precision="bf16")
@@ -312,3 +314,32 @@ def test_a_global_batch_run_saves_its_micro_batch_and_accumulation(synthetic_mni
     other = tmp_path / "other"
     assert main(["train", "--config", str(out / "config.json"), "--output-dir", str(other), "--max-steps", "2"]) == 0
     assert json.loads((other / "results.json").read_text())["global_batch_size"] == 96
+
+
+class _Images:
+    """A dataset of 300 single-channel images, the i-th of brightness i/300 plus noise."""
+
+    def __init__(self, n=300):
+        generator = torch.Generator().manual_seed(1)
+        self.images = torch.arange(n).float().div(n).view(n, 1, 1, 1) + 0.01 * torch.randn(
+            n, 1, 4, 4, generator=generator
+        )
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return self.images[i], 0
+
+
+def test_the_probe_draws_the_first_images_then_the_darkest_the_brightest_and_random_ones():
+    data = _Images()
+    draws = example_draws(data, seed=3)
+    assert [len(d) for d in draws] == [64] * 5
+    assert torch.equal(draws[0], data.images[:64])  # a forward blind to values needs this one draw only
+    means = [d.mean().item() for d in draws]
+    assert means[1] < 0.25 and means[2] > 0.75  # a threshold on a batch's mean falls between them
+    assert all(means[1] < m < means[2] for m in means[3:])
+    again = example_draws(data, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(draws, again, strict=True))  # seeded: the same plan each run
+    assert len(example_draws(_Images(40), seed=3)) == 1  # too few images for more than the one draw
