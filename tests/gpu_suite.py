@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -35,7 +36,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.card_watch import CardWatch
 from tests.helpers import REPO, console_script, error_lines
+from tests.process_tree import signal_tree
 
 # One group for each way a GPU sets up the step: one process in fp32, bf16 autocast and fp16 with
 # a GradScaler; DDP; dynamo (inductor); ZeRO-2 in fp16 (the seed's setup) and with the optimizer
@@ -135,9 +138,22 @@ def recipe_cells(root: Path) -> list[Cell]:
             # Seen on one H100 with twelve cells at once: 40-60 s a launch; the heavy recipe's
             # offloads 180-290 s (the host's Adam over a billion parameters), holding ~8 GiB of GPU.
             seconds = (240.0 if offload else 60.0) if heavy else 80.0 if strategy.dynamo else 45.0
-            gib = (8.0 if offload else 20.0) if heavy else 3.0
+            gib = heavy_gib(strategy, offload) if heavy else 3.0
             cells.append(Cell(name, out, recipe_command(strategy, recipe, out / "run"), judge_recipe, gib, seconds))
     return cells
+
+
+def heavy_gib(strategy, offload: bool) -> float:
+    """GPU memory the billion-parameter recipe may hold under `strategy`: the peak `accel-mnist estimate --model
+    mlp --mlp-hidden 16384,16384,16384,16384,16384 --batch-size 64 --mixed-precision bf16` predicts (20.5 GiB
+    for one process and DDP, 22.5 for ZeRO-1/2, 25.5 for ZeRO-3, 4.3-5.6 offloaded) plus ~1.5 GiB for the CUDA
+    context and the allocator's slack. Declared 20 GiB each, three ran beside the small cells on one H100 and
+    three small cells ran out of memory holding at most 1 GiB (2026-12-06)."""
+    if offload:
+        return 8.0
+    if strategy.kind != "DEEPSPEED":
+        return 22.0
+    return 27.0 if strategy.zero_stage == 3 or strategy.zero_stage == 0 else 24.0  # 0: a JSON's stage, unread
 
 
 def group_cells(table: str, root: Path, keep: Callable[[str, str], bool]) -> list[Cell]:
@@ -236,7 +252,7 @@ def card_gib() -> float:
     return torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 0.0
 
 
-def run_cells(cells: list[Cell], out: Path, parallel: int, budget: float) -> list[dict]:
+def run_cells(cells: list[Cell], out: Path, parallel: int, budget: float, watch: CardWatch) -> list[dict]:
     """Run every cell, at most `parallel` at once and within the card's memory; one row per cell, in
     the order the cells finish.
 
@@ -256,17 +272,24 @@ def run_cells(cells: list[Cell], out: Path, parallel: int, budget: float) -> lis
             return {"cell": cell.name, "passed": False, "seconds": 0.0, "detail": "not started: budget spent"}
         cell.out.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
+        proc = subprocess.Popen(cell.command, cwd=REPO, env={**env, "OMP_NUM_THREADS": "1", **cell.env},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        watch.track(cell.name, proc.pid)
         try:
-            proc = subprocess.run(cell.command, cwd=REPO, env={**env, "OMP_NUM_THREADS": "1", **cell.env},
-                                  capture_output=True, text=True, timeout=left)  # fmt: skip
-            (cell.out / "log.txt").write_text(proc.stdout + proc.stderr)
-            passed, detail = cell.judge(proc, cell.out)
-        except subprocess.TimeoutExpired as cut:
-            # What the cell printed before it was cut (bytes even under text=True), so that its log says how far it got.
-            said = [b.decode(errors="replace") if isinstance(b, bytes) else b for b in (cut.stdout, cut.stderr) if b]
-            (cell.out / "log.txt").write_text("".join(said) + f"\n[cut after {left:.0f} s: the suite's budget]\n")
+            stdout, stderr = proc.communicate(timeout=left)
+            (cell.out / "log.txt").write_text(stdout + stderr)
+            passed, detail = cell.judge(
+                subprocess.CompletedProcess(cell.command, proc.returncode, stdout, stderr), cell.out
+            )
+        except subprocess.TimeoutExpired:
+            signal_tree(proc.pid, signal.SIGKILL)  # a launch's workers too, which a kill of its first process leaves
+            stdout, stderr = proc.communicate()
+            (cell.out / "log.txt").write_text(f"{stdout}{stderr}\n[cut after {left:.0f} s: the suite's budget]\n")
             passed, detail = False, f"ran past the budget ({budget:.0f} s)"
-        return {"cell": cell.name, "passed": passed, "seconds": round(time.monotonic() - start, 1), "detail": detail}
+        finally:
+            watch.untrack(cell.name)
+        return {"cell": cell.name, "passed": passed, "seconds": round(time.monotonic() - start, 1),
+                "gib": watch.peak_gib(cell.name), "declared_gib": cell.gib, "detail": detail}  # fmt: skip
 
     running: dict[Future, Cell] = {}
     with ThreadPoolExecutor(parallel) as pool:
@@ -287,10 +310,12 @@ def run_cells(cells: list[Cell], out: Path, parallel: int, budget: float) -> lis
 
 def table(rows: list[dict]) -> str:
     """The rows as a Markdown table, by cell name."""
-    lines = ["| cell | outcome | seconds | detail |", "| --- | --- | --- | --- |"]
+    lines = ["| cell | outcome | seconds | GPU GiB held (declared) | detail |", "| --- | --- | --- | --- | --- |"]
     for row in sorted(rows, key=lambda r: r["cell"]):
         detail = row["detail"].replace("|", "\\|").replace("\n", " ")[:300]
-        lines.append(f"| {row['cell']} | {'passed' if row['passed'] else 'FAILED'} | {row['seconds']} | {detail} |")
+        held = f"{row.get('gib') if row.get('gib') is not None else '-'} ({row.get('declared_gib', '-')})"
+        outcome = "passed" if row["passed"] else "FAILED"
+        lines.append(f"| {row['cell']} | {outcome} | {row['seconds']} | {held} | {detail} |")
     return "\n".join(lines)
 
 
@@ -319,9 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    rows = run_cells(cells, args.out, args.parallel, args.budget)
+    with CardWatch() as watch:
+        rows = run_cells(cells, args.out, args.parallel, args.budget, watch)
     failed = [r for r in rows if not r["passed"]]
     summary = f"{len(rows) - len(failed)} passed, {len(failed)} failed in {time.monotonic() - start:.0f} s"
+    if watch.available:  # what the scheduler's declarations came to on the card itself
+        mib, then = watch.card_peak
+        summary += f"; the card's peak: {mib / 1024:.1f} GiB of {card_gib():.1f}, while {', '.join(then)} ran"
     print(table(rows), summary, sep="\n\n")
     (args.out / "gpu_suite.md").write_text(f"{table(rows)}\n\n{summary}\n")
     (args.out / "gpu_suite.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))

@@ -8,18 +8,24 @@ import signal
 from pathlib import Path
 
 
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants, parents first."""
-    parents = {}
+def parents() -> dict[int, int]:
+    """Every process's parent, read from /proc once."""
+    found = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
-            parents[int(p)] = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            found[int(p)] = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
+    return found
+
+
+def tree(pid: int, known: dict[int, int] | None = None) -> list[int]:
+    """`pid` and its descendants, parents first; `known`: parents() read already (several trees at once)."""
+    links = known if known is not None else parents()
     found, frontier = [pid], [pid]
     while frontier:
         parent = frontier.pop()
-        children = [c for c, pp in parents.items() if pp == parent]
+        children = [c for c, pp in links.items() if pp == parent]
         found += children
         frontier += children
     return found

@@ -3,11 +3,17 @@ hold, and how cells share a card's memory (stand-in cells, a stand-in card)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import tests.card_watch as card_watch
 import tests.gpu_suite as suite
 from tests import matrix, pairs
+from tests.card_watch import CardWatch
+from tests.process_tree import signal_tree, tree
 
 
 def test_the_quick_suite_and_the_shards_hold_the_whole_tier_once(tmp_path):
@@ -40,7 +46,7 @@ def test_cells_share_the_card_without_passing_its_memory(tmp_path, monkeypatch):
                           gib, 1.0)  # fmt: skip
 
     cells = [cell("heavy1", 10), cell("heavy2", 10), *(cell(f"small{i}", 3) for i in range(4))]
-    rows = suite.run_cells(cells, tmp_path, parallel=3, budget=60)
+    rows = suite.run_cells(cells, tmp_path, parallel=3, budget=60, watch=CardWatch())
     assert sorted(r["cell"] for r in rows) == sorted(c.name for c in cells) and all(r["passed"] for r in rows)
     held, most, slots = 0.0, 0.0, 0
     for line in log.read_text().splitlines():
@@ -59,7 +65,35 @@ def test_a_cell_past_the_budget_fails_with_a_line(tmp_path):
     slow = suite.Cell("slow", tmp_path / "slow", [sys.executable, "-c", "import time; time.sleep(30)"],
                       lambda p, o: (True, ""), 1.0, 1.0)  # fmt: skip
     late = suite.Cell("late", tmp_path / "late", [sys.executable, "-c", "pass"], lambda p, o: (True, ""), 1.0, 0.5)
-    rows = {r["cell"]: r for r in suite.run_cells([slow, late], tmp_path, parallel=1, budget=11)}
+    rows = {r["cell"]: r for r in suite.run_cells([slow, late], tmp_path, parallel=1, budget=11, watch=CardWatch())}
     assert not rows["slow"]["passed"] and rows["slow"]["detail"] == "ran past the budget (11 s)"
     assert not rows["late"]["passed"] and rows["late"]["detail"] == "not started: budget spent"
     assert Path(tmp_path / "slow").is_dir()
+
+
+def test_each_cell_is_charged_the_gpu_memory_of_its_own_processes(monkeypatch):
+    # A cell whose launcher starts a worker: the worker's memory is the cell's, another process's is not.
+    code = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(30)'])"
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        for _ in range(100):  # until the worker exists
+            worker = [p for p in tree(launcher.pid) if p != launcher.pid]
+            if worker:
+                break
+            time.sleep(0.05)
+        readings = {
+            tuple(card_watch.QUERY_APPS): [[worker[0], 1500], [1, 9000]],
+            tuple(card_watch.QUERY_CARD): [[10500]],
+        }
+        monkeypatch.setattr(card_watch, "_numbers", lambda args: readings[tuple(args)])
+        watch = CardWatch()
+        watch.track("launch", launcher.pid)
+        watch.sample()
+        readings[tuple(card_watch.QUERY_APPS)] = [[worker[0], 700]]
+        watch.sample()
+        watch.untrack("launch")
+        assert watch.peak_gib("launch") == round(1500 / 1024, 1) and watch.peak_gib("other") is None
+        assert watch.card_peak == (10500, ["launch"])
+    finally:
+        signal_tree(launcher.pid, signal.SIGKILL)
+        launcher.wait()
