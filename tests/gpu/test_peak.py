@@ -92,7 +92,7 @@ def test_a_forward_that_branches_on_its_images_is_probed_on_both_paths(mnist_dir
     # The first 64 MNIST images' normalised mean is below 0: one draw of them probes the average pool only,
     # while about half of the run's batches of 2048 take the max pool and its indices.
     torch.cuda.reset_peak_memory_stats()
-    results = train(_config(mnist_dir, tmp_path, "cnn", max_steps=12, mixed_precision="no"), _BranchOnValues())
+    results = train(_config(mnist_dir, tmp_path, "cnn", max_steps=12), _BranchOnValues())
     memory = results["memory"]
     measured = memory["per_process"][0]["peak_allocated_bytes"]
     predicted = memory["predicted"]["peak_allocated_bytes"]
