@@ -30,13 +30,14 @@ def test_the_quick_suite_and_the_shards_hold_the_whole_tier_once(tmp_path):
     files = {p.name for p in (suite.REPO / "tests" / "gpu").glob("test_*.py")} - set(suite.RUN_AS_CELLS)
     run = " ".join(" ".join(c.command) for c in quick + rest)
     assert all(f"tests/gpu/{name}" in run for name in files)
-    # A pytest file whose one test the quick suite runs keeps its other tests for the shards.
-    fsdp = next(c for c in rest if c.name == "pytest test_fsdp.py")
-    assert "not test_sigterm_under_fsdp2_saves_and_resumes_exactly" in fsdp.command
+    # A file split into its tests runs each in a cell of its own, but not the test the quick suite runs.
+    fsdp = [c.name for c in rest if c.name.startswith("pytest test_fsdp.py::")]
+    assert len(fsdp) == len(suite.test_ids("tests/gpu/test_fsdp.py")) - 1 > 5
+    assert not any("test_sigterm_under_fsdp2" in name for name in fsdp)
 
 
 def test_cells_share_the_card_without_passing_its_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr(suite, "card_gib", lambda: 20.0)  # 85%: 17 GiB for the cells
+    monkeypatch.setattr(suite, "card_gib", lambda: 20.0)  # 95%: 19 GiB for the cells
     log = tmp_path / "log.txt"
 
     def cell(name: str, gib: float) -> suite.Cell:
@@ -55,7 +56,7 @@ def test_cells_share_the_card_without_passing_its_memory(tmp_path, monkeypatch):
         slots += 1 if what == "start" else -1
         most = max(most, held)
         assert slots <= 3
-    assert most <= 17.0
+    assert most <= 19.0
     # The small cells did not wait for the second large one: one ran beside the first.
     first_end = log.read_text().splitlines().index(next(x for x in log.read_text().splitlines() if x.startswith("end")))
     assert any(x.startswith("start small") for x in log.read_text().splitlines()[:first_end])
