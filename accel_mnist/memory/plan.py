@@ -91,13 +91,14 @@ class PeakPlan:
 def plan_peak(
     accelerator: Accelerator, config: TrainConfig, strategy: Strategy, model: nn.Module,
     input_shape: tuple[int, ...], data_bytes: int, loss: Any, batches: tuple[int, ...] | None = None,
-    examples: Sequence[torch.Tensor] = (),
+    examples: Callable[[bool], Sequence[torch.Tensor]] | None = None,
 ) -> PeakPlan:  # fmt: skip
     """The run's plan for `model` before `prepare`; `loss(model, inputs, labels, dtype)`: the run's forward and
     loss. `config.batch_size` may still be 0 (auto): the probe then covers small batches and `at_batch` settles
-    it. `batches`: the training batches to probe (default: probe_batches of the config's); `examples`: draws of
-    a few training inputs the probe repeats (probe.measure), the first alone where the forward runs on the meta
-    device (its path does not depend on the values), every draw where it does not."""
+    it. `batches`: the training batches to probe (default: probe_batches of the config's); `examples(every)`:
+    draws of a few training inputs the probe repeats (probe.measure), asked for one draw where the forward runs
+    on the meta device (its path does not depend on the values), for every draw where it does not (default:
+    zeros)."""
     device = accelerator.device
     if device.type == "cpu":
         return PeakPlan()
@@ -123,7 +124,7 @@ def plan_peak(
         why = ("cannot predict: FSDP's activation checkpointing recomputes the activations during the backward "
                "pass, which neither the probe nor the trace models")  # fmt: skip
         return PeakPlan(trace=trace, unpredicted=why)
-    draws = list(examples[:1]) if runs_on_meta else list(examples)
+    draws = list(examples(not runs_on_meta)) if examples is not None else []
     probe, why_not_probed = _probe(accelerator, config, strategy, model, input_shape, loss, batches, draws)
     if probe is None:  # the trace's plan, said in one line, else no prediction
         if trace is None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +56,10 @@ def plan_memory(
         """Every process's choice, the smallest taken; a UsageError on one process is raised on all."""
         return min(row[0] for row in consensus.gather_ints(accelerator, [consensus.agree(accelerator, choose)]))
 
-    examples = example_draws(run_data.train, config.seed)
+    @functools.cache
+    def examples(every: bool) -> list[torch.Tensor]:  # read from the data only where a probe runs, once
+        return example_draws(run_data.train, config.seed, every)
+
     shape = tuple(run_data.train.input_shape)
     data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
 
@@ -96,14 +100,14 @@ DRAW = 64  # images in one draw of the probe's examples
 POOL = 512  # the images the darkest, brightest and random draws are taken from
 
 
-def example_draws(train: Any, seed: int) -> list[torch.Tensor]:
-    """Draws of real training inputs, as the loader normalises them, for the probe to repeat to its batches: a
-    forward that branches on its inputs' values (the probe runs every draw where the forward cannot run on the
-    meta device) takes their paths. The first `DRAW` images first (the one draw a value-blind forward needs);
-    then, from `POOL` seeded random images, the `DRAW` darkest, the `DRAW` brightest (by mean: a threshold on a
-    batch's statistics falls between them) and two random draws."""
+def example_draws(train: Any, seed: int, every: bool = True) -> list[torch.Tensor]:
+    """Draws of real training inputs, as the loader normalises them, for the probe to repeat to its batches, so
+    that a forward that branches on its inputs' values takes their paths. The first `DRAW` images (alone where
+    not `every`: the one draw a forward that runs on the meta device needs); then, from `POOL` seeded random
+    images, the `DRAW` darkest, the `DRAW` brightest (by mean: a threshold on a batch's statistics falls
+    between them) and two random draws."""
     first = torch.stack([train[i][0] for i in range(min(DRAW, len(train)))])
-    if len(train) <= DRAW:
+    if len(train) <= DRAW or not every:
         return [first]
     generator = torch.Generator().manual_seed(seed)
     picked = torch.randperm(len(train), generator=generator)[: min(POOL, len(train))]

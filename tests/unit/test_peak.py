@@ -256,13 +256,17 @@ def test_a_model_only_the_probe_runs_is_predicted_with_a_line_on_its_paths(monke
     gpu = SimpleNamespace(device=torch.device("cuda", 0), autocast=nullcontext,
                           state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))  # fmt: skip
     draws = [torch.full((4, 1, 28, 28), float(v)) for v in (-1, -2, 2)]
+
+    def examples(every):  # as training/memory_plan.py reads them: one draw, or every draw
+        return draws if every else draws[:1]
+
     plan = plan_module.plan_peak(gpu, TrainConfig(), BF16_GPU, NeedsValues(), (1, 28, 28), 0,
-                                 lambda m, x, y, dtype: m(x).sum(), examples=draws)  # fmt: skip
+                                 lambda m, x, y, dtype: m(x).sum(), examples=examples)  # fmt: skip
     assert plan.inputs is not None and plan.inputs.source == "probe" and plan.trace is None
     assert plan.note.startswith("peak memory: the probe measured 3 draws of example images and kept the largest")
     assert "does not run on the meta device" in plan.note and draws_probed == [3]  # its paths may differ: all
     traced = plan_module.plan_peak(gpu, TrainConfig(), BF16_GPU, tiny_model(), (1, 28, 28), 0,
-                                   lambda m, x, y, dtype: m(x).sum(), examples=draws)  # fmt: skip
+                                   lambda m, x, y, dtype: m(x).sum(), examples=examples)  # fmt: skip
     assert traced.note is None and traced.trace is not None and draws_probed == [3, 1]  # one path: one draw
     # A layer the trace refuses (cuDNN's GRU): the probe measured it, and its forward takes one path.
     gru = nn.Sequential(nn.Flatten(1, 2), nn.GRU(28, 16, batch_first=True))  # 28 rows of 28 pixels

@@ -343,3 +343,5 @@ def test_the_probe_draws_the_first_images_then_the_darkest_the_brightest_and_ran
     again = example_draws(data, seed=3)
     assert all(torch.equal(a, b) for a, b in zip(draws, again, strict=True))  # seeded: the same plan each run
     assert len(example_draws(_Images(40), seed=3)) == 1  # too few images for more than the one draw
+    only = example_draws(data, seed=3, every=False)  # a forward that runs on the meta device: one draw
+    assert len(only) == 1 and torch.equal(only[0], data.images[:64])
