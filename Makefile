@@ -53,14 +53,18 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# DeepSpeed compiles its CPU Adam (the optimizer under offload) the first time a run asks for it,
-# about 100 s on CI's two cores that the first offloading test would otherwise spend inside the
-# suite. `make test` builds it before the tests, into TORCH_EXTENSIONS_DIR (default
-# ~/.cache/torch_extensions). Where it cannot build (no compiler), the tests that offload build it
-# or say why themselves: only the head start is lost.
+# DeepSpeed compiles two ops of its own the first time a run on the CPU asks for them: its shared-memory
+# collectives (deepspeed_shm_comm), which every DeepSpeed run on the CPU builds when it starts (a ~50 s
+# ninja build, seen inside one matrix cell, with the suite's other DeepSpeed launches waiting on its
+# lock meanwhile), and CPU Adam (the optimizer under offload), about 100 s on CI's two cores. `make test`
+# builds both before the tests, into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions). Where
+# they cannot build (no compiler), the tests that need them build them or say why themselves: only the
+# head start is lost.
 $(VENV)/.deepspeed_ops: $(VENV)/.installed
-	$(BIN)/python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
-		> $(VENV)/deepspeed_ops.log 2>&1 || echo "note: DeepSpeed's CPU Adam did not build ($(VENV)/deepspeed_ops.log)"
+	$(BIN)/python -c "from deepspeed.accelerator import get_accelerator; \
+		get_accelerator().create_op_builder('ShareMemCommBuilder').load(); \
+		from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
+		> $(VENV)/deepspeed_ops.log 2>&1 || echo "note: DeepSpeed's ops did not build ($(VENV)/deepspeed_ops.log)"
 	touch $@
 
 # The floor job: every dependency at its pyproject.toml lower bound (.ci/floors.py pins them; needs
