@@ -152,10 +152,10 @@ HEAVY_GIB = {
     "zero_file_optim_sched": 36.1, "--deepspeed_config deepspeed_config": 36.1,
     "--deepspeed_config deepspeed_optim_sched": 36.1, "zero2_offload": 8.5, "zero3_offload": 10.4,
 }  # fmt: skip
-HEAVY_UNSEEN = 48.0
+HEAVY_UNSEEN = 48.0  # a strategy added since: the most any held
 # The cells' declared peaks are measured ones, context and cache included, and they seldom coincide (the run
 # above: 66.2 GiB on the card at its peak), so they may add up to 95% of it; the rest is the runner's slack.
-CARD_SHARE = 0.95  # a strategy added since: the most any held
+CARD_SHARE = 0.95
 
 
 def cell_gib(strategy, heavy: bool) -> float:
@@ -231,7 +231,7 @@ EXPECTED_SECONDS = {"test_distributed.py": 180.0, "test_ds_json.py": 180.0}
 SPLIT = {"test_fsdp.py": 110.0}
 
 
-def test_ids(target: str) -> list[str]:
+def collected_tests(target: str) -> list[str]:
     """The node ids of the tests in `target` (a file of tests/gpu), as pytest collects them."""
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-o", "addopts=", target]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300).stdout
@@ -246,7 +246,7 @@ def rest(root: Path) -> list[Cell]:
         if path.name in RUN_AS_CELLS or target in QUICK_TESTS:
             continue
         if path.name in SPLIT:
-            tests += [pytest_cell(root, t, SPLIT[path.name]) for t in test_ids(target) if t not in QUICK_TESTS]
+            tests += [pytest_cell(root, t, SPLIT[path.name]) for t in collected_tests(target) if t not in QUICK_TESTS]
             continue
         # A file one of whose tests the quick suite runs: the others here.
         ran = [t.split("::")[1] for t in QUICK_TESTS if t.startswith(target + "::")]

@@ -32,7 +32,7 @@ def test_the_quick_suite_and_the_shards_hold_the_whole_tier_once(tmp_path):
     assert all(f"tests/gpu/{name}" in run for name in files)
     # A file split into its tests runs each in a cell of its own, but not the test the quick suite runs.
     fsdp = [c.name for c in rest if c.name.startswith("pytest test_fsdp.py::")]
-    assert len(fsdp) == len(suite.test_ids("tests/gpu/test_fsdp.py")) - 1 > 5
+    assert len(fsdp) == len(suite.collected_tests("tests/gpu/test_fsdp.py")) - 1 > 5
     assert not any("test_sigterm_under_fsdp2" in name for name in fsdp)
 
 
