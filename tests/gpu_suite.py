@@ -193,8 +193,8 @@ def group_cells(table: str, root: Path, keep: Callable[[str, str], bool]) -> lis
 
         # One H100, 2026-12-06, twelve cells at once: pair groups 110 s, those offloading 226-242 s.
         seconds = (240.0 if "offload" in strategy.name else 130.0) if table == "pairs" else 90.0
-        gib = 4.2 if strategy.kind == "DEEPSPEED" else 3.0  # held at most 4.0 and 2.7 (as HEAVY_GIB's run)
-        cells.append(Cell(name, out, command, judge, gib, seconds, env))
+        # Held at most 4.0 GiB under DeepSpeed, 2.7 otherwise (HEAVY_GIB's run): a small recipe's declaration.
+        cells.append(Cell(name, out, command, judge, cell_gib(strategy, heavy=False), seconds, env))
     return cells
 
 
