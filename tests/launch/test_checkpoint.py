@@ -30,7 +30,7 @@ from tests.helpers import (
 
 # mlp has dropout, so an exact resume also needs the RNG state back; eval and checkpoint
 # steps do not line up, so the per-rank loss sums since the last eval must come back too.
-RUN_ARGS = ["--model", "mlp", "--max-steps", "240", "--eval-every", "30", "--checkpoint-every", "40",
+RUN_ARGS = ["--model", "mlp", "--max-steps", "120", "--eval-every", "30", "--checkpoint-every", "40",
             "--keep-checkpoints", "2", "--no-download", "--quiet", "--no-export"]  # fmt: skip
 
 
@@ -77,16 +77,16 @@ def test_sigkill_then_resume_equals_uninterrupted(strategy, tmp_path, mnist_dir)
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     proc = run_command(launch_cmd(launch, whole))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # Killed at the first checkpoint, so that 200 steps remain to be lost if resume were wrong.
+    # Killed at the first checkpoint, so that 80 steps remain to be lost if resume were wrong.
     run_until_checkpoint_then_kill(launch_cmd(launch, broken), broken, 40)
     proc = run_command(launch_cmd(launch, broken, "--resume-from", "latest"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert metrics_rows(broken) == metrics_rows(whole)
-    assert [p.name for p in ckpt.list_checkpoints(broken)] == ["step_200", "step_240"]  # keep 2
+    assert [p.name for p in ckpt.list_checkpoints(broken)] == ["step_80", "step_120"]  # keep 2
     a, b = final_weights(whole), final_weights(broken)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     results = json.loads((broken / "results.json").read_text())
-    assert results["steps"] == 240 and results["num_processes"] == (1 if launch is None else 2)
+    assert results["steps"] == 120 and results["num_processes"] == (1 if launch is None else 2)
 
 
 @pytest.fixture
