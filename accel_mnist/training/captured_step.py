@@ -13,7 +13,8 @@ host each step) and a torch Adam or AdamW (their `capturable` mode; SGD and Adad
 tensor learning rate into a host number, which a graph cannot replay). Anywhere else the eager
 step runs and `why_eager` says why, in one line. What capture changes, and what it costs:
 
-* Adam/AdamW run with `capturable=True` and the learning rate as a float32 device tensor that
+* Adam/AdamW run fused (`fused=True`: the parameters' updates in multi-tensor kernels, not a
+  dozen foreach ones) and with `capturable=True` and the learning rate as a float32 device tensor that
   the schedule fills in place (torch's LRScheduler does so for tensor learning rates), so the
   replayed step reads the current rate; the step count stays on the device. Every other
   setting is a constant of the graph: onecycle's `cycle_momentum`, which sets beta1 anew each
@@ -190,9 +191,14 @@ class GraphedStep:
 
 def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Adam/AdamW in place as capture needs them: `capturable`, the learning rate a device tensor
-    (the schedule then fills it), the step counts on the parameters' device."""
+    (the schedule then fills it), the step counts on the parameters' device; and `fused`, torch's
+    one-kernel Adam, which reads the step counts and the learning rate on the device as capture
+    needs (the foreach one it replaces launches over a dozen kernels a step: powers, divisions and
+    square roots of the bias corrections). A group that asked for foreach keeps it."""
     for group in optimizer.param_groups:
         group["capturable"] = True
+        if not group.get("foreach") and not group.get("differentiable"):
+            group["fused"] = True
         lr = group["lr"]
         if not (torch.is_tensor(lr) and lr.device == device):
             group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)

@@ -14,7 +14,7 @@ from accel_mnist.config import OPTIMIZERS
 from accel_mnist.distributed.ddp_capture import captures_under_ddp, ddp_side_stream
 from accel_mnist.distributed.option_rules import capture_refusal
 from accel_mnist.distributed.strategy import Strategy
-from accel_mnist.optim import build_optimizer, optimizer_class_name
+from accel_mnist.optim import OPTIMIZER_CLASSES, build_optimizer, optimizer_class_name
 from accel_mnist.training.captured_step import build_step, hyperparameters, make_capturable, optimizer_name
 from accel_mnist.training.resolved import StepPlan
 from accel_mnist.training.step import EagerStep, to_memory_format
@@ -167,6 +167,37 @@ def test_make_capturable_keeps_the_schedule_and_the_state():
     assert optimizer.param_groups[0]["lr"] is lr_tensor
     assert float(schedule.get_last_lr()[0]) == pytest.approx(twin.get_last_lr()[0], rel=1e-6)
     assert optimizer.state[params[0]]["step"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_the_captured_steps_fused_adam_trains_as_the_eager_one(name):
+    # Fused where capture makes it capturable: the same updates as torch's default Adam, to rounding.
+    def trained(capture: bool) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+        optimizer = OPTIMIZER_CLASSES[name](model.parameters(), lr=1e-2, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=10, cycle_momentum=False)
+        if capture:
+            make_capturable(optimizer, torch.device("cpu"))
+        data = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+        for _ in range(6):
+            optimizer.zero_grad()
+            model(data).square().mean().backward()
+            optimizer.step()
+            schedule.step()
+        return optimizer, [p.detach() for p in model.parameters()]
+
+    fused, got = trained(capture=True)
+    plain, want = trained(capture=False)
+    assert fused.param_groups[0]["fused"] is True and not plain.param_groups[0].get("fused")
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_group_that_asked_for_foreach_keeps_it():
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.ones(2))], foreach=True)
+    make_capturable(optimizer, torch.device("cpu"))
+    assert optimizer.param_groups[0]["foreach"] is True and not optimizer.param_groups[0]["fused"]
 
 
 def test_channels_last_changes_the_layout_not_the_values():
