@@ -192,9 +192,10 @@ class GraphedStep:
 def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Adam/AdamW in place as capture needs them: `capturable`, the learning rate a device tensor
     (the schedule then fills it), the step counts on the parameters' device; and `fused`, torch's
-    one-kernel Adam, which reads the step counts and the learning rate on the device as capture
-    needs (the foreach one it replaces launches over a dozen kernels a step: powers, divisions and
-    square roots of the bias corrections). A group that asked for foreach keeps it."""
+    multi-tensor Adam kernel, which reads the step counts and the learning rate on the device as
+    capture needs, where the foreach Adam it replaces launches a kernel for each piece of the bias
+    corrections (fast99_graph's profiled step: 151 kernels foreach, 114 fused, on one H100). A
+    group that asked for foreach keeps it."""
     for group in optimizer.param_groups:
         group["capturable"] = True
         if not group.get("foreach") and not group.get("differentiable"):
