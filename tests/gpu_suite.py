@@ -193,8 +193,10 @@ def group_cells(table: str, root: Path, keep: Callable[[str, str], bool]) -> lis
 
         # One H100, 2026-12-06, twelve cells at once: pair groups 110 s, those offloading 226-242 s.
         seconds = (240.0 if "offload" in strategy.name else 130.0) if table == "pairs" else 90.0
-        # Held at most 4.0 GiB under DeepSpeed, 2.7 otherwise (HEAVY_GIB's run): a small recipe's declaration.
-        cells.append(Cell(name, out, command, judge, cell_gib(strategy, heavy=False), seconds, env))
+        # Held at most 4.0 GiB under DeepSpeed, 2.7 otherwise (HEAVY_GIB's run): a small recipe's declaration;
+        # but the ZeRO-3 groups in fp32 held 5.7-6.0 GiB (the shards of results/h100-2026-12-06-gpu-c).
+        gib = 6.3 if strategy.zero_stage == 3 and precision == "no" else cell_gib(strategy, heavy=False)
+        cells.append(Cell(name, out, command, judge, gib, seconds, env))
     return cells
 
 
