@@ -178,17 +178,26 @@ def run_group(
     import shutil
     import subprocess
 
-    from tests.helpers import REPO
+    from tests.helpers import REPO, kill_tree
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     result = out / "outcomes.json"
     cmd, added = group_command(strategy, precision, device, processes, out, table)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}, **added}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    (out / "log.txt").write_text(proc.stdout + proc.stderr)
+    log = out / "log.txt"
+    with open(log, "w") as sink:  # a file, not a pipe: a leftover process holding a pipe would block the read
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # The whole tree: killing the launcher alone left a DataLoader worker hung inside fork
+            # (python/cpython#112275) alive, and the suite waiting on it, in CI on 2026-12-06.
+            kill_tree(proc.pid)
+            proc.wait()
+            raise
     if not result.is_file():
-        raise AssertionError(f"{' '.join(cmd)} wrote no outcomes (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{' '.join(cmd)} wrote no outcomes (rc {proc.returncode}):\n{log.read_text()[-3000:]}")
     return json.loads(result.read_text())
 
 
