@@ -86,10 +86,6 @@ def write_idx():
 
 
 def pytest_collection_finish(session):
-    """Freeze what collection imported (torch, accel_mnist, the test modules) out of the cyclic
-    collector: each train() in this process ends with Accelerator.free_memory's full gc.collect,
-    which otherwise walks that whole heap again (about a quarter of a second a run here)."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
+    """Freeze what collection imported (torch, accel_mnist, the test modules) for this process's
+    in-process train() runs (helpers.freeze_imported_heap says why)."""
+    helpers.freeze_imported_heap()

@@ -158,11 +158,14 @@ HEAVY_UNSEEN = 48.0  # a strategy added since: the most any held
 CARD_SHARE = 0.95
 
 
-def cell_gib(strategy, heavy: bool) -> float:
-    """GPU memory a recipe's cell may hold under `strategy`: the billion-parameter recipe's as measured, else
-    what the small recipes held (3.8-4.0 GiB under DeepSpeed, at most 2.5 otherwise, same run)."""
+def cell_gib(strategy, heavy: bool, precision: str | None = None) -> float:
+    """GPU memory a cell may hold under `strategy`: the billion-parameter recipe's as measured, else what the
+    small recipes held (3.8-4.0 GiB under DeepSpeed, at most 2.5 otherwise, same run); a table group at
+    `precision` (None: a recipe's cell) under ZeRO-3 in fp32 held 5.7-6.0 GiB (results/h100-2026-12-06-gpu-c)."""
     if heavy:
         return HEAVY_GIB.get(strategy.name, HEAVY_UNSEEN)
+    if strategy.zero_stage == 3 and precision == "no":
+        return 6.3
     return 4.2 if strategy.kind == "DEEPSPEED" else 3.0
 
 
@@ -193,10 +196,7 @@ def group_cells(table: str, root: Path, keep: Callable[[str, str], bool]) -> lis
 
         # One H100, 2026-12-06, twelve cells at once: pair groups 110 s, those offloading 226-242 s.
         seconds = (240.0 if "offload" in strategy.name else 130.0) if table == "pairs" else 90.0
-        # Held at most 4.0 GiB under DeepSpeed, 2.7 otherwise (HEAVY_GIB's run): a small recipe's declaration;
-        # but the ZeRO-3 groups in fp32 held 5.7-6.0 GiB (the shards of results/h100-2026-12-06-gpu-c).
-        gib = 6.3 if strategy.zero_stage == 3 and precision == "no" else cell_gib(strategy, heavy=False)
-        cells.append(Cell(name, out, command, judge, gib, seconds, env))
+        cells.append(Cell(name, out, command, judge, cell_gib(strategy, False, precision), seconds, env))
     return cells
 
 
