@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import helpers
+from tests import helpers, shared_runs
 
 TIERS = ("unit", "e2e", "launch", "gpu")
 TESTS = Path(__file__).resolve().parent
@@ -63,6 +63,14 @@ def mnist_dir() -> Path:
     if not helpers.real_mnist_present():
         pytest.skip(f"real MNIST files not found at {helpers.MNIST_DIR}")
     return helpers.MNIST_DIR
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """`shared_run(argv)`: the SharedRun of `argv` (shared_runs.OUT for its output folder), run with
+    helpers.run_command the first time any test of the session asks for it (tests/shared_runs.py)."""
+    root = shared_runs.shared_root(tmp_path_factory)
+    return lambda argv: shared_runs.made_once(root, argv, helpers.run_command)
 
 
 @pytest.fixture(scope="session")

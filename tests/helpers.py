@@ -173,14 +173,19 @@ def run_example(script: str, *args: str, timeout: int = 300) -> str:
     return proc.stdout
 
 
+def accelerate_launch_cmd(launch_args: list[str], train_args: list[str], output_dir) -> list[str]:
+    """`accelerate launch <launch_args> -m accel_mnist train <train_args> --output-dir OUTPUT_DIR --quiet`."""
+    return [*launch_prefix(launch_args), "-m", "accel_mnist", "train",
+            *train_args, "--output-dir", str(output_dir), "--quiet"]  # fmt: skip
+
+
 def accelerate_launch(launch_args, train_args, output_dir, *, env=None, timeout=600):
     """Run `accelerate launch <launch_args> -m accel_mnist train <train_args>` in a subprocess.
 
     Returns (CompletedProcess, results dict or None). On CPU the DeepSpeed configs need
     `--mixed_precision no` among launch_args (fp16 does not run on CPU).
     """
-    cmd = [*launch_prefix(launch_args), "-m", "accel_mnist", "train",
-           *train_args, "--output-dir", str(output_dir), "--quiet"]  # fmt: skip
+    cmd = accelerate_launch_cmd(launch_args, train_args, output_dir)
     full_env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
     results_file = Path(output_dir) / "results.json"
@@ -585,8 +590,9 @@ def launcher_exit_on(sig: signal.Signals) -> int:
 
 
 def preempt_and_resume(launch: list[str] | None, tmp_path: Path, sig: signal.Signals, *extra: str,
-                       steps: int = 120, weights: bool = True) -> None:  # fmt: skip
-    """The fault tests' run (`command`, `steps` steps, a checkpoint every 20) once whole; again, sent
+                       steps: int = 120, weights: bool = True, whole: Path | None = None) -> None:  # fmt: skip
+    """The fault tests' run (`command`, `steps` steps, a checkpoint every 20) once whole (or `whole`, the
+    output folder of the same command run before, as tests/shared_runs.py keeps them); again, sent
     `sig` once checkpoint 20 is complete (to the launcher, as Kubernetes does): it saves the current
     step, writes the preempted marker and exits 75 (the launcher: `launcher_exit_on`); then the same
     command with --resume-from auto ends with the whole run's metrics and (`weights`) weights."""
@@ -594,9 +600,11 @@ def preempt_and_resume(launch: list[str] | None, tmp_path: Path, sig: signal.Sig
     from accel_mnist.run.outputs import PREEMPTED_FILE
     from accel_mnist.training.preemption import EXIT_PREEMPTED
 
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    proc = run(command(launch, whole, *extra))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    broken = tmp_path / "broken"
+    if whole is None:
+        whole = tmp_path / "whole"
+        proc = run(command(launch, whole, *extra))
+        assert proc.returncode == 0, proc.stderr[-3000:]
     proc, log = start_and_wait_for(command(launch, broken, *extra, "--resume-from", "auto"), broken, 20)
     os.kill(proc.pid, sig)
     try:

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from tests.helpers import CONFIGS, PARITY_TRAIN_ARGS, TIMING_KEYS, accelerate_launch, real_mnist_present
+from tests.helpers import CONFIGS, PARITY_TRAIN_ARGS, TIMING_KEYS, accelerate_launch_cmd, real_mnist_present
+from tests.shared_runs import OUT
 
 # Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("launch/test_distributed.py")]
@@ -24,17 +25,18 @@ STRATEGIES = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, request):
+def runs(shared_run):
+    """Each strategy's run, made once a session: test_other_launchers.py compares other launchers with
+    the DDP and ZeRO-2 ones (tests/shared_runs.py)."""
     if not real_mnist_present():
         pytest.skip("real MNIST files not found at ../shared/data/mnist")
     out = {}
     for name, launch_args in STRATEGIES.items():
-        run_dir = tmp_path_factory.mktemp(name)
         extra = ["--data-loader", "torch"] if name.endswith("torch_loader") else ["--data-loader", "device"]
-        proc, results = accelerate_launch(launch_args, PARITY_TRAIN_ARGS + extra, run_dir)
-        assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-4000:]}"
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        out[name] = (results, rows)
+        run = shared_run(accelerate_launch_cmd(launch_args, PARITY_TRAIN_ARGS + extra, OUT))
+        assert run.returncode == 0, f"{name} failed:\n{run.stderr[-4000:]}"
+        rows = [json.loads(line) for line in (run.out / "metrics.jsonl").read_text().splitlines()]
+        out[name] = (run.results, rows)
     return out
 
 

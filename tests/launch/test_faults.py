@@ -35,6 +35,7 @@ from tests.helpers import (
     same_weights,
     start_and_wait_for,
 )
+from tests.shared_runs import OUT
 
 ONE_PROCESS_LAUNCH = ["--config_file", str(CONFIGS / "cpu.yaml")]
 SIGNAL_PASSED_ON = Version(accelerate.__version__) >= Version("1.16")
@@ -44,18 +45,24 @@ SIGNAL_PASSED_ON = Version(accelerate.__version__) >= Version("1.16")
 @pytest.mark.parametrize("launch, sig", [(None, signal.SIGTERM), (DDP, signal.SIGTERM), (None, signal.SIGUSR1),
                                          (ONE_PROCESS_LAUNCH, signal.SIGTERM)],
                          ids=["single", "ddp", "single-sigusr1", "one-process-launch"])  # fmt: skip
-def test_a_signal_saves_the_current_step_and_auto_resumes_exactly(launch, sig, tmp_path, mnist_dir):
+def test_a_signal_saves_the_current_step_and_auto_resumes_exactly(launch, sig, tmp_path, mnist_dir, shared_run):
     if launch is ONE_PROCESS_LAUNCH and not SIGNAL_PASSED_ON:
         pytest.skip("accelerate < 1.16's one-process launcher does not pass SIGTERM on")
-    preempt_and_resume(launch, tmp_path, sig)
+    preempt_and_resume(launch, tmp_path, sig, whole=uninterrupted(shared_run, launch))
+
+
+def uninterrupted(shared_run, launch: list[str] | None) -> Path:
+    """The fault tests' run under `launch`, whole: made once a session (tests/shared_runs.py), as the
+    signal and the dead-worker tests under one launch both compare with it."""
+    whole = shared_run(command(launch, OUT))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    return whole.out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", [DDP, ZERO2], ids=["ddp", "zero2"])
-def test_a_dead_worker_is_restarted_by_the_launcher_and_resumes(launch, tmp_path, mnist_dir):
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    proc = run(command(launch, whole))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_a_dead_worker_is_restarted_by_the_launcher_and_resumes(launch, tmp_path, mnist_dir, shared_run):
+    whole, broken = uninterrupted(shared_run, launch), tmp_path / "broken"
     restarting = ["--max_restarts", "1", *launch]
     proc, log = start_and_wait_for(command(restarting, broken, "--resume-from", "auto"), broken, 20)
     try:

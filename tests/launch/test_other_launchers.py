@@ -20,7 +20,18 @@ import pytest
 from safetensors.torch import load_file
 
 from accel_mnist.launch.launchers import free_port
-from tests.helpers import CONFIGS, MNIST_DIR, REPO, TIMING_KEYS, accelerate_launch, console_script, real_mnist_present
+from tests.helpers import (
+    CONFIGS,
+    MNIST_DIR,
+    PARITY_TRAIN_ARGS,
+    REPO,
+    TIMING_KEYS,
+    accelerate_launch,
+    accelerate_launch_cmd,
+    console_script,
+    real_mnist_present,
+)
+from tests.shared_runs import OUT
 
 # Its module-scoped runs are made once: under `pytest -n` (make test) the module stays on one worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("launch/test_other_launchers.py")]
@@ -28,11 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("launch/test_other_launc
 BIN = Path(sys.executable).parent
 DS_JSON = str(CONFIGS / "deepspeed_config.json")  # ZeRO-2, every precision and size "auto": fp32 here
 # As tests/test_distributed.py: accumulation, clipping and a schedule, which DeepSpeed keeps copies of.
-TRAIN_ARGS = [
-    "--model", "mlp", "--batch-size", "32", "--grad-accum", "2", "--max-grad-norm", "0.5",
-    "--scheduler", "onecycle", "--lr", "2e-3", "--max-steps", "30", "--eval-every", "15",
-    "--eval-batch-size", "333", "--no-download", "--no-export", "--no-save-checkpoints", "--data-loader", "device",
-]  # fmt: skip
+TRAIN_ARGS = [*PARITY_TRAIN_ARGS, "--data-loader", "device"]
 # The deepspeed launcher's run also checkpoints and exports: python -m resumes it below.
 SAVING = [a for a in TRAIN_ARGS if a not in ("--no-export", "--no-save-checkpoints")] + ["--checkpoint-every", "15"]
 
@@ -85,16 +92,15 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, shared_run):
     if not real_mnist_present():
         pytest.skip(f"real MNIST files not found at {MNIST_DIR}")
     out = {}
     for name, launch_args in ACCELERATE.items():
-        run_dir = tmp_path_factory.mktemp(name)
-        launch_args = [*launch_args, "--main_process_port", str(free_port())]
-        proc, results = accelerate_launch(launch_args, TRAIN_ARGS, run_dir)
-        assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-4000:]}"
-        out[name] = (proc, results, run_dir)
+        # The DDP and ZeRO-2 runs are test_distributed.py's: made once a session (tests/shared_runs.py).
+        run = shared_run(accelerate_launch_cmd(launch_args, TRAIN_ARGS, OUT))
+        assert run.returncode == 0, f"{name} failed:\n{run.stderr[-4000:]}"
+        out[name] = (run, run.results, run.out)
     for name, (prefix, train_args, _) in OTHERS.items():
         run_dir = tmp_path_factory.mktemp(name)
         proc, results = launch(prefix(), train_args, run_dir)
