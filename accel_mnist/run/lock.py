@@ -79,8 +79,8 @@ class RunLock:
         self.lock_path, self.lease_path = directory / LOCK_FILE, directory / LEASE_FILE
         self.fd: int | None = None
         self.lease: Lease | None = None
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self.renew_due = 0.0  # time.monotonic() of the next renewal (_Renewals)
+        self._warned = False
 
     def acquire(self) -> None:
         """Take the directory (creating it), or raise UsageError naming the run that holds it;
@@ -104,17 +104,13 @@ class RunLock:
         except BaseException:
             self._close()
             raise
-        self._stop.clear()
-        self._renewer = threading.Thread(target=self._renew, name="accel_mnist-lease", daemon=True)
-        self._renewer.start()
+        _RENEWALS.add(self)
 
     def release(self, remove: bool = False) -> None:
         """Stop renewing, remove our lease, drop the lock; with `remove`, the lock file too."""
         if self.fd is None:
             return
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join(timeout=5)
+        _RENEWALS.remove(self)  # no renewal runs once this returns
         current = Lease.read(self.lease_path)
         if self.lease is not None and current is not None and current.token == self.lease.token:
             self.lease_path.unlink(missing_ok=True)
@@ -176,27 +172,71 @@ class RunLock:
             f"or choose another {setting('output_dir')}"
         )
 
-    def _renew(self) -> None:
-        warned = False
-        while not self._stop.wait(RENEW_SECONDS):
-            assert self.lease is not None
-            current = Lease.read(self.lease_path)
-            if current is not None and current.token != self.lease.token:
-                if not warned:
-                    logger.error(f"{self.dir}: another run took over its lease ({current.describe()})")
-                    warned = True
-                continue
-            self.lease.count += 1
-            self.lease.renewed = time.time()
-            try:
-                write_json_atomic(self.lease_path, asdict(self.lease))
-            except (UsageError, OSError) as e:  # a full disk, say: the run itself reports it
-                logger.warning(f"cannot renew the lease {self.lease_path}: {e}")
+    def renew(self) -> None:
+        """Rewrite the lease with a new count and time, unless another run took it over."""
+        assert self.lease is not None
+        current = Lease.read(self.lease_path)
+        if current is not None and current.token != self.lease.token:
+            if not self._warned:
+                logger.error(f"{self.dir}: another run took over its lease ({current.describe()})")
+                self._warned = True
+            return
+        self.lease.count += 1
+        self.lease.renewed = time.time()
+        try:
+            write_json_atomic(self.lease_path, asdict(self.lease))
+        except (UsageError, OSError) as e:  # a full disk, say: the run itself reports it
+            logger.warning(f"cannot renew the lease {self.lease_path}: {e}")
 
     def _close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # drops the flock
             self.fd = None
+
+
+class _Renewals:
+    """The process's one thread that renews the leases of its runs, every RENEW_SECONDS each.
+
+    It starts with the first lease and never ends, so that no thread of a run ends when the run
+    does: on CPython before python/cpython#112275's fix, a thread that is ending while the
+    process forks (the DataLoader workers of the next run in the process: a sweep, a notebook)
+    can deadlock the child, and a joined thread may still be ending (it is joinable before its
+    interpreter state is gone). It costs one idle daemon thread for the process's life."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._wake = threading.Event()
+        self._held: list[RunLock] = []
+        self._thread: threading.Thread | None = None
+
+    def add(self, lock: RunLock) -> None:
+        with self._guard:
+            lock.renew_due = time.monotonic() + RENEW_SECONDS
+            self._held.append(lock)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="accel_mnist-lease", daemon=True)
+                self._thread.start()
+        self._wake.set()  # its first renewal may be due sooner than the thread's current wait
+
+    def remove(self, lock: RunLock) -> None:
+        with self._guard:  # waits out a renewal in progress
+            if lock in self._held:
+                self._held.remove(lock)
+
+    def _run(self) -> None:
+        while True:
+            with self._guard:
+                now = time.monotonic()
+                for lock in self._held:
+                    if lock.renew_due <= now:
+                        lock.renew()
+                        lock.renew_due = now + RENEW_SECONDS
+                wait = min((lock.renew_due for lock in self._held), default=now + 3600.0) - now
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+
+_RENEWALS = _Renewals()
 
 
 def _pid_alive(pid: int) -> bool:

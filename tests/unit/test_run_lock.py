@@ -110,3 +110,22 @@ def test_the_live_run_renews_its_lease(tmp_path, monkeypatch):
             time.sleep(0.05)
     finally:
         lock.release()
+
+
+def test_runs_share_one_renewing_thread_that_outlives_them(tmp_path, monkeypatch):
+    """No thread ends when a run does (a fork at that moment can deadlock, docs/strategies.md), and a
+    released lease is not written again."""
+    monkeypatch.setattr(lock_module, "RENEW_SECONDS", 0.05)
+    seen = []
+    for name in ("a", "b"):
+        lock = RunLock(tmp_path / name)
+        lock.acquire()
+        seen.append({t for t in threading.enumerate() if t.name == "accel_mnist-lease"})
+        deadline = time.monotonic() + 5
+        while json.loads((tmp_path / name / LEASE_FILE).read_text())["count"] < 2:
+            assert time.monotonic() < deadline, "the lease was not renewed"
+            time.sleep(0.02)
+        lock.release()
+    assert len(seen[0]) == 1 and seen[0] == seen[1] and next(iter(seen[0])).is_alive()
+    time.sleep(0.2)  # four renewal periods: none may write the released leases again
+    assert not (tmp_path / "a" / LEASE_FILE).exists() and not (tmp_path / "b" / LEASE_FILE).exists()
