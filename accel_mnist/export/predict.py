@@ -255,6 +255,10 @@ def _evaluate_command(args: argparse.Namespace) -> int:
             f"test_accuracy {results['test_accuracy']:.4f} test_loss {results['test_loss']:.4f} "
             f"samples {results['test_samples']}"
         )
+    # Every rank past its last collective before any tears its group down: rank 1 of a two-process
+    # CPU launch once aborted in teardown ("terminate called without an active exception", gloo)
+    # while rank 0 was still printing.
+    state.wait_for_everyone()
     state.destroy_process_group()  # a launch's processes would otherwise leave it behind
     return 0
 
