@@ -1,5 +1,8 @@
 """`--profile N`: N optimizer steps after the first, recorded by torch's profiler through Accelerate's
-`accelerator.profile()` and `ProfileKwargs`, under whatever strategy the launch set up.
+`accelerator.profile()` and `ProfileKwargs`, under whatever strategy the launch set up. The window is
+the first one of N steps that no evaluation or checkpoint interrupts (`quiet_window`), so that the
+figures are the training step's alone; where the run has no such window, the first one is recorded
+and the table says that it includes them.
 
 Each process writes a Chrome trace (`<output_dir>/profile/profile_<rank>.json`, Accelerate's name,
 which Perfetto and chrome://tracing open); the main process prints the operations that took most time,
@@ -19,6 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import PROFILE_PATTERN_NAME, ProfileKwargs
 
 from ..errors import UsageError
+from .cadence import Cadence
 
 TRACE_FOLDER = "profile"
 TOP = 8  # rows of the printed table
@@ -28,9 +32,14 @@ class StepProfiler:
     """Records `steps` optimizer steps after the first (none where `steps` is 0): enter it around the
     loop and call `step()` after each optimizer step; `results()` then holds what it found."""
 
-    def __init__(self, accelerator: Accelerator, steps: int, output_dir: str) -> None:
+    def __init__(
+        self, accelerator: Accelerator, steps: int, output_dir: str, cadence: Cadence, steps_per_epoch: int,
+        first_step: int,
+    ) -> None:  # fmt: skip
         self.accelerator, self.steps = accelerator, steps
         self.folder = Path(output_dir) / TRACE_FOLDER
+        quiet = quiet_window(cadence, steps_per_epoch, first_step, steps) if steps else None
+        self.skip, self.interrupted = (quiet, False) if quiet is not None else (1, True)
         self._profiler: Any = None
         self._stack = ExitStack()
         self.found: dict[str, Any] = {}
@@ -43,8 +52,8 @@ class StepProfiler:
         if self.steps:
             handler = ProfileKwargs(
                 activities=["cpu", "cuda"] if self.on_gpu else ["cpu"],
-                # The first step is skipped, one more warms the profiler up, then `steps` are recorded.
-                schedule_option={"skip_first": 1, "wait": 0, "warmup": 1, "active": self.steps, "repeat": 1},
+                # The first step (at least) is skipped, one more warms the profiler up, then `steps` are recorded.
+                schedule_option={"skip_first": self.skip, "wait": 0, "warmup": 1, "active": self.steps, "repeat": 1},
                 output_trace_dir=str(self.folder),
             )
             self._profiler = self._stack.enter_context(self.accelerator.profile(handler))
@@ -64,6 +73,8 @@ class StepProfiler:
         self._stack.__exit__(kind, value, trace)
         if kind is None:  # the trace is written (every rank), and every rank has reached this point
             self.found = profile_summary(self._profiler, self.steps, self.on_gpu, self.folder, self.accelerator)
+            if self.found:
+                self.found["interrupted"] = self.interrupted
             ended = "profile: the run ended before its steps"  # a resumed run past its window
             self.accelerator.print(profile_table(self.found) if self.found else ended)
 
@@ -77,6 +88,32 @@ def check_steps(steps: int, total_steps: int) -> None:
     if steps and total_steps < steps + 1:
         raise UsageError(f"profile: {steps} steps after the first need at least {steps + 1} optimizer steps, and "
                          f"this run has {total_steps}")  # fmt: skip
+
+
+def quiet_window(cadence: Cadence, steps_per_epoch: int, first_step: int, steps: int) -> int | None:
+    """The profiler's `skip_first` for the first window of `steps` recorded optimizer steps that no
+    evaluation or checkpoint interrupts, in a run (or a resumed run) that starts after `first_step`;
+    None where the run has no such window.
+
+    The profiler's step() follows each optimizer step, and the span it opens holds what the loop does
+    after that step (an evaluation, a checkpoint) and then the next optimizer step. With `skip` spans
+    skipped and one of warm-up, the spans after steps first_step + skip + 1 .. first_step + skip + steps
+    are recorded: nothing may be due after those steps, and the step that closes the last span must
+    be one of the run's."""
+
+    def interrupted(step: int) -> bool:
+        end_of_epoch = step % steps_per_epoch == 0
+        finished = cadence.out_of_steps(step)
+        return cadence.evaluate_due(step, end_of_epoch) or cadence.checkpoint_due(step, end_of_epoch, finished)
+
+    skip = 1
+    while first_step + skip + steps + 1 <= cadence.total_steps:
+        recorded = range(first_step + skip + 1, first_step + skip + steps + 1)
+        due = [step for step in recorded if interrupted(step)]
+        if not due:
+            return skip
+        skip = due[-1] - first_step  # the next window starts past the last step with something due
+    return None
 
 
 def profile_summary(profiler: Any, steps: int, on_gpu: bool, folder: Path, accelerator: Accelerator) -> dict[str, Any]:
@@ -111,6 +148,8 @@ def profile_table(found: dict[str, Any]) -> str:
     device = f", {found['device_us_per_step']} us on the device" if found["device_us_per_step"] else ""
     lines = [f"profile: {found['steps']} steps, {found['us_per_step']} us a step{device}, {count} a step; "
              f"trace {found['trace']}"]  # fmt: skip
+    if found.get("interrupted"):
+        lines.append("  (no window of that many steps without an evaluation or a checkpoint: these include one)")
     width = max((len(row["name"]) for row in found["top"]), default=0)
     lines += [f"  {row['self_us']:>12,.1f} us  {row['calls']:>6} calls  {row['name']:<{width}}" for row in found["top"]]
     return "\n".join(lines)

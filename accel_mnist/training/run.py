@@ -83,7 +83,8 @@ class TrainingRun:
         sums, rank = self.progress.loss_sums, self.accelerator.process_index
         self.losses = LossTally(self.accelerator.device, sums[rank] if sums else 0.0)
         self.clock = TrainingClock(self.progress, self.losses.fold)
-        self.profiler = StepProfiler(self.accelerator, self.config.profile, self.config.output_dir)
+        self.profiler = StepProfiler(self.accelerator, self.config.profile, self.config.output_dir, self.cadence,
+                                     self.steps_per_epoch, self.progress.step)  # fmt: skip
         quiet = self.config.quiet or not self.accelerator.is_main_process
         self.released = False
         self.bar = _Bar(

@@ -30,6 +30,21 @@ def test_a_profiled_run_writes_a_trace_and_says_where_its_steps_went(synthetic_m
     assert "profile" not in plain and not (tmp_path / "plain" / "profile").exists()
 
 
+def test_the_window_leaves_out_evaluations_and_checkpoints(synthetic_mnist, tmp_path, capsys):
+    """An evaluation (or a checkpoint) inside the window would add its operations to the step's."""
+    base = TrainConfig(model="linear", max_steps=12, batch_size=32, eval_batch_size=100, data_dir=str(synthetic_mnist),
+                       output_dir=str(tmp_path / "plain"), export=False, plots=False, profile=2)  # fmt: skip
+    plain = train(base.replace(save_checkpoints=False))["profile"]
+    busy = train(base.replace(output_dir=str(tmp_path / "busy"), eval_every=3, checkpoint_every=4))["profile"]
+    assert plain["interrupted"] is busy["interrupted"] is False
+    assert busy["aten_ops_per_step"] == plain["aten_ops_per_step"]
+    # Evaluations after every step: no window is free of them, and the table says so.
+    capsys.readouterr()
+    every = train(base.replace(output_dir=str(tmp_path / "every"), eval_every=1, save_checkpoints=False))["profile"]
+    assert every["interrupted"] is True and every["aten_ops_per_step"] > plain["aten_ops_per_step"]
+    assert "without an evaluation or a checkpoint" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--max-steps", "3", "--profile", "3"], "error: profile: 3 steps after the first need at least 4 optimizer "
                                             "steps, and this run has 3"),
