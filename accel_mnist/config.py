@@ -181,9 +181,9 @@ class TrainConfig:
     profile: int = field(
         default=0,
         metadata={
-            "help": "record N optimizer steps after the first with torch's profiler (Accelerate's ProfileKwargs): "
-            "a trace per process in <output-dir>/profile/, the top operations, kernels and microseconds per step "
-            "printed and kept in results.json (0: off)"
+            "help": "record N optimizer steps after the first with torch's profiler (Accelerate's ProfileKwargs), "
+            "the first N that no evaluation or checkpoint interrupts: a trace per process in <output-dir>/profile/, "
+            "the top operations, kernels and microseconds per step printed and kept in results.json (0: off)"
         },
     )
     save_checkpoints: bool = field(default=True, metadata={"help": "write checkpoints at all"})
