@@ -79,7 +79,6 @@ class RunLock:
         self.lock_path, self.lease_path = directory / LOCK_FILE, directory / LEASE_FILE
         self.fd: int | None = None
         self.lease: Lease | None = None
-        self.renew_due = 0.0  # time.monotonic() of the next renewal (_Renewals)
         self._warned = False
 
     def acquire(self) -> None:
@@ -206,13 +205,12 @@ class _Renewals:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._wake = threading.Event()
-        self._held: list[RunLock] = []
+        self._due: dict[RunLock, float] = {}  # each held lease's next renewal, time.monotonic()
         self._thread: threading.Thread | None = None
 
     def add(self, lock: RunLock) -> None:
         with self._guard:
-            lock.renew_due = time.monotonic() + RENEW_SECONDS
-            self._held.append(lock)
+            self._due[lock] = time.monotonic() + RENEW_SECONDS
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="accel_mnist-lease", daemon=True)
                 self._thread.start()
@@ -220,18 +218,17 @@ class _Renewals:
 
     def remove(self, lock: RunLock) -> None:
         with self._guard:  # waits out a renewal in progress
-            if lock in self._held:
-                self._held.remove(lock)
+            self._due.pop(lock, None)
 
     def _run(self) -> None:
         while True:
             with self._guard:
                 now = time.monotonic()
-                for lock in self._held:
-                    if lock.renew_due <= now:
+                for lock, due in self._due.items():
+                    if due <= now:
                         lock.renew()
-                        lock.renew_due = now + RENEW_SECONDS
-                wait = min((lock.renew_due for lock in self._held), default=now + 3600.0) - now
+                        self._due[lock] = now + RENEW_SECONDS
+                wait = min(self._due.values(), default=now + 3600.0) - now
             self._wake.wait(max(0.0, wait))
             self._wake.clear()
 
