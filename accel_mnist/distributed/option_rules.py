@@ -86,9 +86,8 @@ def capture_refusal(strategy: Strategy, config: Any, optimizer_name: str) -> str
         return "fp16's grad scaler checks the gradients on the host each step; use bf16 or no mixed precision"
     if strategy.precision == "fp8":
         return "fp8 layers are not captured here"
-    if strategy.dynamo != "no":
-        dynamo = strategy.dynamo
-        return f"torch.compile (dynamo_backend {dynamo}) is not captured here (its reduce-overhead mode captures)"
+    if strategy.dynamo != "no" and (why := _compiled_capture_refusal(strategy)):
+        return why
     if optimizer_name not in CAPTURABLE_OPTIMIZERS:
         return f"optimizer {optimizer_name}: only torch's Adam and AdamW step from a device learning rate"
     if config.scheduler == "onecycle" and config.cycle_momentum:
@@ -96,6 +95,29 @@ def capture_refusal(strategy: Strategy, config: Any, optimizer_name: str) -> str
             "onecycle's cycle_momentum sets Adam's beta1 anew every step, and a captured step would keep the "
             "first one; set cycle_momentum: false to capture"
         )
+    return None
+
+
+# Backends whose compiled step is plain kernel launches, which the project's own capture records (inductor:
+# Triton and cuDNN/cuBLAS kernels); "cudagraphs" and the vendor backends are not.
+CAPTURED_DYNAMO_BACKENDS = ("inductor", "aot_eager", "eager")
+# torch.compile modes that record CUDA graphs of their own (CUDA graph trees): one capture inside another fails.
+OWN_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _compiled_capture_refusal(strategy: Strategy) -> str | None:
+    """Why a torch.compile'd model's step cannot be captured whole (None: it can)."""
+    backend, mode = strategy.dynamo, strategy.dynamo_mode
+    if backend not in CAPTURED_DYNAMO_BACKENDS:
+        captured = ", ".join(CAPTURED_DYNAMO_BACKENDS)
+        return f"torch.compile with dynamo_backend {backend} is not captured here ({captured} are)"
+    if mode in OWN_GRAPH_MODES:
+        return (
+            f"torch.compile's mode {mode} records CUDA graphs of its own; use mode default or "
+            "max-autotune-no-cudagraphs (ACCELERATE_DYNAMO_MODE) to capture the whole step"
+        )
+    if strategy.kind != "NO":
+        return "torch.compile under DDP is not captured here (one process only)"
     return None
 
 

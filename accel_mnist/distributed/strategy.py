@@ -47,6 +47,7 @@ class Strategy:
     num_processes: int = 1
     grad_accum: int = 1
     dynamo: str = "no"  # dynamo's backend, lower case
+    dynamo_mode: str = "default"  # torch.compile's mode (ACCELERATE_DYNAMO_MODE); only where dynamo is on
     zero_stage: int = 0  # DeepSpeed only
     offload_optimizer: str = "none"  # DeepSpeed only: none, cpu or nvme
     offload_param: str = "none"
@@ -85,6 +86,7 @@ class Strategy:
             num_processes=int(accelerator.num_processes),
             grad_accum=int(accelerator.gradient_accumulation_steps),
             dynamo=str(state.dynamo_plugin.backend.value).lower(),
+            dynamo_mode=str(getattr(state.dynamo_plugin, "mode", None) or "default"),
             scaler=accelerator.scaler is not None,
             **extra,
         )
@@ -101,6 +103,8 @@ class Strategy:
         if self.kind == "DEEPSPEED":
             out.update(offload_optimizer=self.offload_optimizer, offload_param=self.offload_param)
         out["dynamo_backend"] = self.dynamo
+        if self.dynamo != "no":
+            out["dynamo_mode"] = self.dynamo_mode
         if self.kind == "FSDP":
             out.update(
                 fsdp_version=self.fsdp_version,
@@ -116,6 +120,7 @@ class Strategy:
         """The Strategy that `fields()` wrote (results.json, a checkpoint's state); missing keys take defaults."""
         names = {
             "distributed_type": "kind", "mixed_precision": "precision", "dynamo_backend": "dynamo",
+            "dynamo_mode": "dynamo_mode",
             "num_processes": "num_processes", "zero_stage": "zero_stage", "device": "device",
             "offload_optimizer": "offload_optimizer", "offload_param": "offload_param",
             "fsdp_version": "fsdp_version", "fsdp_state_dict_type": "fsdp_state_dict_type",
@@ -182,7 +187,8 @@ class Strategy:
         else:
             name = "one process, no distribution" if self.kind == "NO" else self.kind
         if self.dynamo != "no":
-            name += f", torch.compile ({self.dynamo})"
+            mode = "" if self.dynamo_mode == "default" else f", mode {self.dynamo_mode}"
+            name += f", torch.compile ({self.dynamo}{mode})"
         precision = "fp32" if self.precision == "no" else self.precision
         return f"strategy: {name}; precision: {precision}; world size: {self.num_processes}; device: {self.device}"
 

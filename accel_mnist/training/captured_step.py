@@ -27,6 +27,11 @@ step runs and `why_eager` says why, in one line. What capture changes, and what 
 * A batch of another shape (the epoch's last, smaller one) takes the eager step on the same
   tensors; the replayed loss is copied out each step (one small device copy), since the loop
   keeps each step's loss until it next reads them.
+* A torch.compile'd model (the launch's dynamo_backend, one process, a mode that leaves CUDA graphs
+  to the caller: option_rules.capture_refusal) compiles in the warm-up iterations, so compilation
+  counts in `capture_seconds`, and its kernels are captured with the rest. A batch of another shape
+  runs under `torch.compiler.set_stance("force_eager")`: the model's eager kernels, which prewarm
+  loaded, rather than a compilation of seconds inside the training clock.
 * Dropout inside a graph draws from the CUDA generator as graphs allow; its masks are not the
   eager run's. The fast recipe's model has no dropout.
 * Under DDP (torch.cuda.graphs docs, "Usage with DistributedDataParallel"; NCCL >= 2.9.6) the
@@ -125,9 +130,10 @@ class GraphedStep:
     captured = True
 
     def __init__(
-        self, eager: EagerStep, inner: torch.optim.Optimizer, batch_shape: tuple[int, ...], warmup: int
-    ) -> None:
-        self.eager, self.input_dtype, self.warmup = eager, eager.input_dtype, warmup
+        self, eager: EagerStep, inner: torch.optim.Optimizer, batch_shape: tuple[int, ...], warmup: int,
+        compiled: bool = False,
+    ) -> None:  # fmt: skip
+        self.eager, self.input_dtype, self.warmup, self.compiled = eager, eager.input_dtype, warmup, compiled
         self.inner = inner  # the torch optimizer itself: its step is what is captured
         # The eager step's own call, recorded: where capture is allowed (option_rules.capture_refusal:
         # one process or DDP, one micro-batch a step, no grad scaler, no clipping) its accumulate is
@@ -182,6 +188,11 @@ class GraphedStep:
         if not self.captured or inputs.shape != self.static_inputs.shape:
             # The replayed backward wrote the gradients rather than adding to them: clear them.
             self.inner.zero_grad(set_to_none=True)
+            if self.compiled and self.captured:
+                # torch.compile would compile the model again for this shape inside the training clock
+                # (seconds, for one batch an epoch): the batch runs the model's eager kernels instead.
+                with torch.compiler.set_stance("force_eager"):
+                    return self.eager(inputs, labels)
             return self.eager(inputs, labels)
         self.static_inputs.copy_(inputs)
         self.static_labels.copy_(labels)
@@ -223,7 +234,7 @@ def build_step(
     if plan.captured and inner is not None:
         try:
             warmup = DDP_WARMUP_ITERATIONS if captures_under_ddp(accelerator, config) else WARMUP_ITERATIONS
-            graphed = GraphedStep(eager, inner, batch_shape, warmup)
+            graphed = GraphedStep(eager, inner, batch_shape, warmup, plan.compiled)
         except RuntimeError as e:  # a model or setting that cannot be captured
             from ..errors import one_line
 

@@ -33,6 +33,9 @@ class StepPlan:
 
     captured: bool = False
     why_eager: str | None = None
+    # The captured model is torch.compile'd (the launch's dynamo_backend): a batch of another shape then runs
+    # eager kernels rather than compile again (captured_step.GraphedStep).
+    compiled: bool = False
 
     @classmethod
     def of(cls, strategy: Strategy, config: TrainConfig) -> StepPlan:
@@ -40,7 +43,7 @@ class StepPlan:
         if not config.cuda_graph:
             return cls()
         why = capture_refusal(strategy, config, optimizer_class_name(config))
-        return cls(captured=why is None, why_eager=why)
+        return cls(captured=why is None, why_eager=why, compiled=why is None and strategy.dynamo != "no")
 
 
 @dataclass(frozen=True)

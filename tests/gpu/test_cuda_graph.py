@@ -83,6 +83,26 @@ def test_captured_and_eager_steps_train_alike(runs):
     assert captured < max(10 * noise, 1e-3)
 
 
+def test_a_compiled_model_is_captured_and_trains_as_the_eager_step(runs, tmp_path):
+    # torch.compile (inductor) compiles in the capture's warm-up; its kernels are replayed; the epoch's last,
+    # smaller batch (step 118) runs the eager kernels rather than compile again.
+    proc = run_accel_mnist(*RUN, "--output-dir", str(tmp_path), "--cuda-graph",
+                           env={"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (results["step"], results["dynamo_backend"], results["dynamo_mode"]) == ("cuda_graph", "inductor", "default")
+    assert "recompil" not in proc.stderr.lower(), proc.stderr[-3000:]
+    compiled, eager, again = (_rows(p) for p in (tmp_path, runs["eager"][0], runs["eager_again"][0]))
+    assert [r["step"] for r in compiled] == [r["step"] for r in eager] == [65, 118, 130]
+    for c, e, a in zip(compiled, eager, again, strict=True):
+        print(f"step {c['step']}: train_loss {c['train_loss']:.6f}/{e['train_loss']:.6f} (compiled/eager) "
+              f"test_accuracy {c['test_accuracy']:.4f}/{e['test_accuracy']:.4f}")  # fmt: skip
+        # Inductor's fused kernels round differently from eager's: the yardstick of the captured-vs-eager test.
+        noise = abs(a["train_loss"] - e["train_loss"]) / e["train_loss"]
+        assert c["train_loss"] == pytest.approx(e["train_loss"], rel=max(2e-2, 3 * noise))
+        assert abs(c["test_accuracy"] - e["test_accuracy"]) <= 0.005
+
+
 def test_a_captured_run_resumes_from_its_checkpoint(runs, tmp_path):
     graph = runs["graph"][0]
     proc = run_accel_mnist(*RUN, "--output-dir", str(tmp_path), "--cuda-graph",

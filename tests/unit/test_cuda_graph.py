@@ -21,10 +21,10 @@ from accel_mnist.training.step import EagerStep, to_memory_format
 
 
 def _accelerator(device="cuda", kind=DistributedType.NO, processes=1, accum=1, scaler=None, precision="no",
-                 dynamo=DynamoBackend.NO):  # fmt: skip
+                 dynamo=DynamoBackend.NO, mode="default"):  # fmt: skip
     return SimpleNamespace(device=torch.device(device), distributed_type=kind, num_processes=processes,
                            gradient_accumulation_steps=accum, scaler=scaler, mixed_precision=precision,
-                           state=SimpleNamespace(dynamo_plugin=SimpleNamespace(backend=dynamo)),
+                           state=SimpleNamespace(dynamo_plugin=SimpleNamespace(backend=dynamo, mode=mode)),
                            print=print)  # fmt: skip
 
 
@@ -55,7 +55,12 @@ def plan_of(accelerator, config: TrainConfig) -> StepPlan:
         (_accelerator(), {"max_grad_norm": 1.0}, "max_grad_norm: gradient clipping is not captured"),
         (_accelerator(scaler=object()), {}, "fp16's grad scaler"),
         (_accelerator(precision="fp8"), {}, "fp8"),
-        (_accelerator(dynamo=DynamoBackend.INDUCTOR), {}, "torch.compile (dynamo_backend inductor)"),
+        (_accelerator(dynamo=DynamoBackend.INDUCTOR, mode="reduce-overhead"), {},
+         "torch.compile's mode reduce-overhead records CUDA graphs of its own"),
+        (_accelerator(dynamo=DynamoBackend.INDUCTOR, mode="max-autotune"), {}, "mode max-autotune records CUDA graphs"),
+        (_accelerator(dynamo=DynamoBackend.CUDAGRAPHS), {}, "dynamo_backend cudagraphs is not captured here"),
+        (_accelerator(dynamo=DynamoBackend.INDUCTOR, kind=DistributedType.MULTI_GPU, processes=2), {},
+         "torch.compile under DDP is not captured here"),
         (_accelerator(), {"optimizer": "sgd"}, "optimizer SGD"),
         (_accelerator(), {"scheduler": "onecycle"}, "onecycle's cycle_momentum sets Adam's beta1"),
     ],
@@ -63,6 +68,20 @@ def plan_of(accelerator, config: TrainConfig) -> StepPlan:
 def test_what_cannot_be_captured_is_named(accelerator, config, reason):
     assert reason in why_eager(accelerator, TrainConfig(**config))  # type: ignore[operator]
     assert plan_of(accelerator, TrainConfig(**config)) == StepPlan()  # not asked for: eager, nothing to say
+
+
+@pytest.mark.parametrize("backend", [DynamoBackend.INDUCTOR, DynamoBackend.AOT_EAGER, DynamoBackend.EAGER])
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+def test_a_compiled_model_is_captured_in_one_process(backend, mode):
+    """torch.compile's kernels are captured with the rest of the step, in the modes that leave CUDA graphs to it;
+    the plan says the model is compiled (a batch of another shape then runs eager kernels)."""
+    config = TrainConfig(cuda_graph=True, optimizer="adam")
+    plan = plan_of(_accelerator(dynamo=backend, mode=mode), config)
+    assert plan == StepPlan(captured=True, compiled=True)
+    assert plan_of(_accelerator(), config) == StepPlan(captured=True, compiled=False)
+    strategy = Strategy.of(_accelerator(dynamo=backend, mode=mode))
+    assert Strategy.from_fields(strategy.fields()) == strategy  # results.json keeps the mode
+    assert "dynamo_mode" not in Strategy.of(_accelerator()).fields()
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
