@@ -86,6 +86,13 @@ class TrainConfig:
         default="adam", metadata={"cells": ("adamw", "sgd", "adadelta"), "help": ", ".join(OPTIMIZERS)}
     )
     momentum: float = field(default=0.9, metadata={"help": "momentum for sgd"})
+    label_smoothing: float = field(
+        default=0.0,
+        metadata={
+            "cells": (0.1,),
+            "help": "the training loss's label smoothing in [0, 1) (torch's cross_entropy); evaluation's loss has none",
+        },
+    )
     weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
     scheduler: str = field(
         default="none", metadata={"cells": ("onecycle", "cosine", "step"), "help": ", ".join(SCHEDULERS)}
@@ -254,6 +261,8 @@ class TrainConfig:
             _at_least("max_steps", self.max_steps, 1)
         if not self.lr > 0:
             raise ConfigError(f"lr: must be > 0, got {self.lr}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing: must be in [0, 1), got {self.label_smoothing}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ConfigError(f"max_grad_norm: must be > 0 (or null for no clipping), got {self.max_grad_norm}")
         for key in ("weight_decay", "momentum"):

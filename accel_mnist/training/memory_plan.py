@@ -45,10 +45,10 @@ def plan_memory(
         accelerator.print(f"batch size auto: {config.batch_size:,} per process, as the checkpoint was trained")
         auto = False
     refusal = CAPTURED if step.captured else None  # no probe: its number would not hold
-    channels_last = config.channels_last
+    channels_last, smoothing = config.channels_last, config.label_smoothing
 
     def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return batch_loss(m, x, y, channels_last, dtype)
+        return batch_loss(m, x, y, channels_last, dtype, smoothing)
 
     numels, setup = trainable_numels(model), setup_of(accelerator, strategy, config)
 

@@ -80,7 +80,7 @@ def prewarm(
             inputs = torch.zeros(size, *input_shape, device=device)
             labels = torch.zeros(size, dtype=torch.long, device=device)
             with autocast():  # float32 inputs, as the loader yields them, cast as the step casts them
-                loss = batch_loss(twin, inputs, labels, config.channels_last, weights)
+                loss = batch_loss(twin, inputs, labels, config.channels_last, weights, config.label_smoothing)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()

@@ -92,7 +92,7 @@ def start_run(
     if engine_twin is not None:
         facts.prewarm_engine_seconds = prewarm_engine(
             accelerator, engine_twin, config, (config.batch_size, *described.input_shape),
-            lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype),
+            lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype, config.label_smoothing),
         )  # fmt: skip
         facts.prewarm_seconds += facts.prewarm_engine_seconds
         del engine_twin

@@ -40,13 +40,16 @@ def step_input(inputs: torch.Tensor, channels_last: bool) -> torch.Tensor:
 
 
 def batch_loss(
-    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, channels_last: bool, dtype: torch.dtype
-) -> torch.Tensor:
-    """The forward pass and the loss, as every step computes them (prewarm's copy included)."""
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, channels_last: bool, dtype: torch.dtype,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:  # fmt: skip
+    """The forward pass and the training loss, as every step computes them (prewarm's copy and the memory
+    probe included, so that they load and hold what the step does)."""
     inputs = step_input(inputs, channels_last)
     # Each conversion only where it converts: a no-op .to()/.float() still costs a dispatch a step.
     logits = logits_of(model(inputs if inputs.dtype == dtype else inputs.to(dtype)))
-    return F.cross_entropy(logits if logits.dtype == torch.float32 else logits.float(), labels)
+    logits = logits if logits.dtype == torch.float32 else logits.float()
+    return F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
 
 
 class EagerStep:
@@ -59,7 +62,7 @@ class EagerStep:
         # What results.json says of the step: which one ran, the capture's seconds, why not captured.
         self.facts: dict[str, Any] = {"step": "eager", "capture_seconds": 0.0}
         self.max_grad_norm = config.max_grad_norm
-        self.channels_last = config.channels_last
+        self.channels_last, self.label_smoothing = config.channels_last, config.label_smoothing
         self.calls = StepCalls(accelerator)  # the Accelerator's calls, without the per-step work that decides nothing
         # Under DeepSpeed fp16/bf16 the weights themselves are half precision and want inputs to
         # match; elsewhere they stay fp32 and autocast (if any) does the casting.
@@ -67,7 +70,7 @@ class EagerStep:
 
     def loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The forward pass and the loss, as every step computes them."""
-        return batch_loss(self.model, inputs, labels, self.channels_last, self.input_dtype)
+        return batch_loss(self.model, inputs, labels, self.channels_last, self.input_dtype, self.label_smoothing)
 
     def with_optimizer(self, optimizer: Any) -> EagerStep:
         """This step with another optimizer (the captured step records it with the torch optimizer itself)."""

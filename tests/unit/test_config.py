@@ -35,6 +35,8 @@ def test_defaults_are_valid():
         ({"max_steps": 0}, "max_steps"),
         ({"lr": 0.0}, "lr"),
         ({"max_grad_norm": -1.0}, "max_grad_norm"),
+        ({"label_smoothing": 1.0}, "label_smoothing"),
+        ({"label_smoothing": -0.1}, "label_smoothing"),
         ({"weight_decay": -0.1}, "weight_decay"),
         ({"eval_every": -5}, "eval_every"),
         ({"step_gamma": 1.5}, "step_gamma"),

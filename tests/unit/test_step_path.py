@@ -135,3 +135,20 @@ def test_only_the_none_schedule_goes_unstepped(name):
         assert lrs == [0.5, 0.5, 0.5]
     # Another LambdaLR (a caller's) is stepped.
     assert not is_constant(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
+
+
+def test_the_step_trains_on_the_smoothed_loss():
+    """label_smoothing reaches the step's loss: torch's smoothed cross entropy, not the plain one."""
+    import torch.nn.functional as F
+
+    from accel_mnist import TrainConfig
+    from accel_mnist.training.step import EagerStep
+
+    torch.manual_seed(0)
+    model, inputs, labels = torch.nn.Linear(6, 3), torch.randn(8, 6), torch.randint(0, 3, (8,))
+    accelerator = SimpleNamespace(distributed_type=DistributedType.NO, gradient_accumulation_steps=1, scaler=None)
+    step = EagerStep(accelerator, TrainConfig(label_smoothing=0.2), model, None)  # type: ignore[arg-type]
+    logits = model(inputs)
+    smoothed = F.cross_entropy(logits, labels, label_smoothing=0.2).item()
+    assert step.loss(inputs, labels).item() == pytest.approx(smoothed)
+    assert abs(step.loss(inputs, labels).item() - F.cross_entropy(logits, labels).item()) > 1e-3
