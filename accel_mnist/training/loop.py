@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DynamoBackend
 from torch import nn
 
 from ..config import TrainConfig
@@ -80,7 +81,8 @@ def train(
 
 
 def end_run(accelerator: Accelerator) -> None:
-    """Close the run's trackers (also on failure) and leave the process group to the process's exit.
+    """Close the run's trackers (also on failure), clear dynamo's state after a compiled run, and leave the
+    process group to the process's exit.
 
     Accelerate's end_training also destroys the process group, but DeepSpeed keeps the groups it
     derived from it for the next engine, and a second train() in the same process (a sweep, a
@@ -89,6 +91,13 @@ def end_run(accelerator: Accelerator) -> None:
     """
     for tracker in accelerator.trackers:
         tracker.finish()
+    if accelerator.state.dynamo_plugin.backend != DynamoBackend.NO:
+        # The run's compiled code goes with its model. Kept, it would make the next run in this process
+        # (a sweep, a notebook, the option matrix's cells) compile anew beside it: under mixed precision
+        # dynamo guards on the autocast wrapper Accelerate puts on each model's forward, and past its
+        # recompile limit (8) it runs the model uncompiled, with one warning. The cost: every function
+        # compiled in this process compiles again on its next call (from the compile caches on disk).
+        torch.compiler.reset()
     global _TEARDOWN_REGISTERED
     if not _TEARDOWN_REGISTERED:
         atexit.register(accelerator.state.destroy_process_group)
