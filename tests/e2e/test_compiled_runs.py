@@ -3,25 +3,35 @@ run's model is compiled, not only the first eight (dynamo's recompile limit)."""
 
 from __future__ import annotations
 
-import logging
+import json
+import sys
 
+from tests.helpers import run_command
+
+# Ten runs in a fresh process: the launch's dynamo and precision settings are read once per process
+# (Accelerate's shared state), so they cannot be set for one test among others in a pytest worker.
+RUNS = """
+import json, sys
 from accel_mnist import TrainConfig, train
 from tests.your_model_data import PairDataset, splits
 
+data = splits(10, 64, 32)
+train_set, test_set = PairDataset(*data["train"]), PairDataset(*data["test"])
+for run in range(10):
+    config = TrainConfig(model="linear", max_steps=1, batch_size=32, eval_batch_size=32, quiet=True, plots=False,
+                         export=False, save_checkpoints=False, output_dir=f"{sys.argv[1]}/run{run}")
+    results = train(config, train_data=train_set, test_data=test_set)
+    print(json.dumps([results["dynamo_backend"], results["mixed_precision"]]))
+"""
 
-def test_every_compiled_run_in_a_process_compiles_its_model(tmp_path, monkeypatch, caplog):
+
+def test_every_compiled_run_in_a_process_compiles_its_model(tmp_path):
     # bf16: Accelerate wraps each model's forward in autocast, and dynamo guards on that wrapper, so that
     # every new model recompiles; dynamo's eager backend traces as inductor does, without code generation.
-    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "EAGER")
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    data = splits(10, 64, 32)
-    train_set, test_set = PairDataset(*data["train"]), PairDataset(*data["test"])
-    with caplog.at_level(logging.WARNING):
-        for run in range(10):
-            config = TrainConfig(model="linear", max_steps=1, batch_size=32, eval_batch_size=32, quiet=True,
-                                 plots=False, export=False, save_checkpoints=False,
-                                 output_dir=str(tmp_path / f"run{run}"))  # fmt: skip
-            results = train(config, train_data=train_set, test_data=test_set)
-            assert (results["dynamo_backend"], results["mixed_precision"]) == ("eager", "bf16")
+    env = {"ACCELERATE_DYNAMO_BACKEND": "EAGER", "ACCELERATE_MIXED_PRECISION": "bf16"}
+    proc = run_command([sys.executable, "-c", RUNS, str(tmp_path)], env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert runs == [["eager", "bf16"]] * 10, proc.stdout[-3000:]
     # Past the limit dynamo runs the model uncompiled and says so once, as a warning.
-    assert "recompile_limit" not in caplog.text
+    assert "recompile_limit" not in proc.stderr, proc.stderr[-3000:]
