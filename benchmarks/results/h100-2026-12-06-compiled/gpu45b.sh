@@ -56,7 +56,7 @@ repeat2)  # the compiled step, 20 seeds in one process, dynamo reset before each
   ACCELERATE_DYNAMO_BACKEND=INDUCTOR rep compiled2 --set cudnn_benchmark=true
   ACCELERATE_DYNAMO_BACKEND=INDUCTOR rep compiled2_lr0_02 --set cudnn_benchmark=true --set lr=0.02 ;;
 gputest)  # the captured step's GPU tests, the compiled one among them
-  s=$(t); timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_graph.py -s > $OUT/pytest_cuda_graph.log 2>&1
+  s=$(t); timeout ${PYTEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_graph.py ${PYTEST_K:+-k "$PYTEST_K"} -s > $OUT/pytest_cuda_graph.log 2>&1
   echo "pytest rc=$? wall=$(python3 -c "print(round($(t)-$s,1))")"; tail -3 $OUT/pytest_cuda_graph.log ;;
 freshc)  # fresh compiled commands (warm compile cache), seed after seed until DEADLINE (epoch seconds)
   for s in $(seq 0 19); do [ $(date +%s) -lt ${DEADLINE:-0} ] || break
