@@ -80,9 +80,10 @@ def test_captured_and_eager_steps_train_alike(runs):
     # The captured step runs torch's fused, capturable Adam where the eager step runs the foreach one: they
     # round differently from the first step, and at onecycle's peak learning rate, through BatchNorm's
     # scale-invariant weights, the runs were 0.166 apart after 130 steps (one H100, 2026-12-06: two eager
-    # runs bit-equal, losses within 2%, accuracy within 0.0006). Two eager runs are not always that yardstick: cuDNN's kernels are
-    # deterministic on some days. A wrong step differs in loss and accuracy, which the checks above catch,
-    # and by far more in weights (beta1 frozen at capture, h200-2026-12-01d: 4.7 on resume).
+    # runs bit-equal, losses within 2%, accuracy within 0.0006). Two eager runs are not always that
+    # yardstick: cuDNN's kernels are deterministic on some days. A wrong step differs in loss and
+    # accuracy, which the checks above catch, and by far more in weights (beta1 frozen at capture,
+    # h200-2026-12-01d: 4.7 on resume).
     assert captured < max(10 * noise, 0.5)
 
 
