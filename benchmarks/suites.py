@@ -54,6 +54,7 @@ CPU: list[Row] = [
 # important first (the runner skips what no longer fits --budget).
 SINGLE_GPU = ["{accelerate}", "launch", "--config_file", "accelerate_configs/single_gpu.yaml"]
 BF16 = {"ACCELERATE_MIXED_PRECISION": "bf16"}
+COMPILED = {**BF16, "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}
 RECIPE_RUN = ["train", "--config", "{recipe}", "--seed", "{seed}", "--data-dir", "{data}", "--output-dir", "{run}",
               "--overwrite", "--quiet"]  # fmt: skip
 H200: list[Row] = [
@@ -153,6 +154,23 @@ H200_SPEED: list[Row] = [
      "bf16 with cudnn_benchmark=true, 20 seeds in one process (cuDNN's autotuning in the uncounted first run)",
      "needs": "recipe", "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true"],
      "env": BF16, "parse": "json_line", "repeat": 1, "budget": 50},
+    # Issue 45's compiled step (h100-2026-12-06-compiled): inductor's kernels inside the captured step, with a
+    # warm compile cache after the first run; in one process at the recipe's learning rate and at 0.02 (the
+    # only fewer-steps lever that held 20 of 20 seeds there), then fresh commands at 0.02 (one group each:
+    # about 100 s and 520 s).
+    {"name": "repeat_graph_compiled", "group": "compiled", "what": "accel_mnist, fast99_graph.yaml in bf16, "
+     "cudnn_benchmark=true, compiled (ACCELERATE_DYNAMO_BACKEND=INDUCTOR), 20 seeds in one process",
+     "needs": "recipe", "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true"],
+     "env": COMPILED, "parse": "json_line", "repeat": 1, "budget": 50},
+    {"name": "repeat_graph_compiled_lr2", "group": "compiled", "what": "repeat_graph_compiled with lr=0.02",
+     "needs": "recipe", "cmd": [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true",
+                                "--set", "lr=0.02"],
+     "env": COMPILED, "parse": "json_line", "repeat": 1, "budget": 50},
+    {"name": "recipe_graph_compiled_lr2", "group": "time_to_99_compiled", "what": "ACCELERATE_DYNAMO_BACKEND="
+     "INDUCTOR ACCELERATE_MIXED_PRECISION=bf16 python -m accel_mnist train --config recipes/fast99_graph.yaml "
+     "--cudnn-benchmark --lr 0.02, a fresh process per seed (warm compile cache from the first)", "needs": "recipe",
+     "cmd": ["{python}", "-m", "accel_mnist", *GRAPH_RUN, "--cudnn-benchmark", "--lr", "0.02"], "env": COMPILED,
+     "parse": "curve", "target": 0.99, "seeds": list(range(20)), "budget": 540},
 ]  # fmt: skip
 
 # The memory suites (benchmarks/memory_suite.py reads them): one `accel-mnist train` launch per
