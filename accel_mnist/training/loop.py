@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DynamoBackend
 from torch import nn
 
 from ..config import TrainConfig
 from ..distributed.accelerator import build_accelerator
+from ..distributed.strategy import Strategy
 from ..errors import UsageError, on_every_rank
 from ..memory.allocator import default_settings
 from ..memory.out_of_memory import out_of_memory_error
@@ -91,7 +91,7 @@ def end_run(accelerator: Accelerator) -> None:
     """
     for tracker in accelerator.trackers:
         tracker.finish()
-    if accelerator.state.dynamo_plugin.backend != DynamoBackend.NO:
+    if Strategy.of(accelerator).dynamo != "no":  # the launch's dynamo, read where every stage reads it
         # The run's compiled code goes with its model. Kept, it would make the next run in this process
         # (a sweep, a notebook, the option matrix's cells) compile anew beside it: under mixed precision
         # dynamo guards on the autocast wrapper Accelerate puts on each model's forward, and past its
