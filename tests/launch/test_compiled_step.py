@@ -15,7 +15,7 @@ RUN = ["train", "--model", "bncnn", "--max-steps", "4", "--batch-size", "32", "-
 
 
 @pytest.mark.slow
-def test_the_compiled_step_trains_as_the_eager_one(tmp_path):
+def test_the_compiled_step_trains_as_the_eager_one(tmp_path, mnist_dir):
     rows, results = {}, {}
     for backend in ("NO", "INDUCTOR"):
         out = tmp_path / backend

@@ -11,7 +11,7 @@ from tests.helpers import CONFIGS, accelerate_launch
 
 
 @pytest.mark.slow
-def test_each_rank_writes_its_trace_under_zero2(tmp_path):
+def test_each_rank_writes_its_trace_under_zero2(tmp_path, mnist_dir):
     launch = ["--config_file", str(CONFIGS / "zero2.yaml"), "--num_processes", "2", "--mixed_precision", "no",
               "--main_process_port", "0"]  # fmt: skip
     out = tmp_path / "run"
