@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import is_compiled_module, set_seed
 from torch import nn
 
 from ..config import TrainConfig
@@ -88,8 +88,26 @@ def model_for(accelerator: Accelerator, config: TrainConfig, model: nn.Module | 
                 "pass a model that takes them: train(config, model=...)"
             )
         return build_model(config.model, config.mlp_hidden, data.train.num_classes)
+    check_not_compiled(model)
     agree(accelerator, lambda: check_takes(model, data))
     return model
+
+
+def check_not_compiled(model: nn.Module) -> None:
+    """A one-line UsageError if `model`, or a module inside it, is already torch.compile'd.
+
+    Compilation is the launch's to ask for (the accelerate config's dynamo_backend), where the run's strategy
+    knows of it: which step it captures (and what it refuses), what results.json and the first line say, and
+    prepare compiles after DDP, not inside it. A model compiled beforehand would train with none of that known.
+    """
+    for name, module in model.named_modules():
+        # nn.Module.compile() compiles in place, leaving the class as it was: its compiled call is the mark.
+        if is_compiled_module(module) or getattr(module, "_compiled_call_impl", None) is not None:
+            where = f"its submodule {name!r}" if name else "the model"
+            raise UsageError(
+                f"{where} is already torch.compile'd; pass it uncompiled and ask for compilation in the "
+                "accelerate config (dynamo_backend, or ACCELERATE_DYNAMO_BACKEND=INDUCTOR)"
+            )
 
 
 def check_takes(model: nn.Module, data: RunData) -> None:
