@@ -72,6 +72,7 @@ class TrainingRun:
     metrics: dict[str, Any] = field(default_factory=dict)  # the last evaluation's row
     confusion_matrix: list[list[int]] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    eval_seconds: float = 0.0  # this process's evaluations, off the training clock (results.json)
     step: EagerStep | GraphedStep = field(init=False)  # built as fit starts (_build_step)
 
     def __post_init__(self) -> None:
@@ -184,6 +185,7 @@ class TrainingRun:
     def evaluate(self) -> None:
         """Evaluate on the test set, log the metrics row, and start the next train-loss average."""
         accelerator, state = self.accelerator, self.progress
+        start = time.perf_counter()
         self.memory.count(at_rest=True)  # between steps: before evaluating gathers ZeRO-3's parameters
         evaluation = evaluate(
             self.model, self.data.test, accelerator, self.step.input_dtype, self.described.num_classes
@@ -201,6 +203,7 @@ class TrainingRun:
             num_processes=accelerator.num_processes,
         )
         self.metrics.update(self.memory.largest_peaks())
+        self.eval_seconds += time.perf_counter() - start  # the gathers above waited for the device
         self.run_dir.log_metrics(self.metrics)
         # A tracker takes numbers only (MLflow warns about a None): a CPU's allocated peak is left out.
         accelerator.log({k: v for k, v in self.metrics.items() if v is not None}, step=state.step)
@@ -249,6 +252,7 @@ class TrainingRun:
                 **self.facts.fields(),
                 **self.step.facts,
                 "changes": self.changes(),
+                "eval_seconds": self.eval_seconds,
                 "memory": self.memory.results(),
                 **self.profiler.results(),
             },  # fmt: skip

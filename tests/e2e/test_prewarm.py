@@ -27,6 +27,8 @@ def test_training_with_prewarm_gives_the_same_weights(synthetic_mnist, tmp_path)
         out = tmp_path / f"warm_{warm}"
         results = train(base.replace(prewarm=warm, output_dir=str(out)))
         assert (results["prewarm_seconds"] > 0) is warm
+        # Each run evaluates once (its last step): its own seconds, inside the call's, outside the training clock.
+        assert 0 < results["eval_seconds"] < results["wall_seconds"] - results["train_seconds"]
         runs[warm] = (load_file(out / "model.safetensors"), json.loads((out / "metrics.jsonl").read_text()))
     (cold_w, cold_m), (warm_w, warm_m) = runs[False], runs[True]
     assert cold_w.keys() == warm_w.keys() and all(torch.equal(cold_w[k], warm_w[k]) for k in cold_w)
