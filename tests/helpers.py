@@ -20,7 +20,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -146,9 +146,13 @@ def console_script(name: str) -> str:
     return str(beside) if beside.exists() else shutil.which(name) or str(beside)
 
 
-def run_command(cmd: list[str], *, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run `cmd` from the repo root with the real MNIST files and one thread per process."""
+def run_command(
+    cmd: list[str], *, env: dict | None = None, timeout: int = 600, unset: Sequence[str] = ()
+) -> subprocess.CompletedProcess:
+    """Run `cmd` from the repo root with the real MNIST files and one thread per process (`unset`: variables
+    of this process's environment left out of the command's)."""
     full_env = {**os.environ, "ACCEL_MNIST_DATA_DIR": str(MNIST_DIR), "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env = {name: value for name, value in full_env.items() if name not in unset}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
 
 

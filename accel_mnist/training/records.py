@@ -31,6 +31,7 @@ class SetupFacts:
     versions: dict[str, str]
     prewarm_seconds: float = 0.0
     prewarm_engine_seconds: float | None = None  # DeepSpeed's throwaway engine, where it ran
+    compile_threads: str | None = None  # TORCHINDUCTOR_COMPILE_THREADS, where dynamo is on
     changes: list[str] = field(default_factory=list)
 
     def fields(self) -> dict[str, Any]:
@@ -42,6 +43,8 @@ class SetupFacts:
                "changes": list(self.changes)}  # fmt: skip
         if self.prewarm_engine_seconds is not None:
             out["prewarm_engine_seconds"] = self.prewarm_engine_seconds
+        if self.compile_threads is not None:
+            out["compile_threads"] = self.compile_threads
         return out
 
 

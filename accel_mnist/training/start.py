@@ -12,6 +12,7 @@ from torch import nn
 
 from ..config import AUTO_BATCH, TrainConfig
 from ..distributed import consensus
+from ..distributed.compile_threads import compile_threads
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
     buffers_change,
@@ -139,7 +140,8 @@ def _setup_facts(
     facts = SetupFacts(model=built.facts, batch_size=config.batch_size, batch_size_auto=auto,
                        global_batch_size=resolved.global_batch_size, strategy=strategy.fields(),
                        data_loader=data.kind, allocator_settings=allocator_settings(),
-                       probe_seconds=peak.probe_seconds, versions=versions())  # fmt: skip
+                       probe_seconds=peak.probe_seconds, versions=versions(),
+                       compile_threads=compile_threads() if strategy.dynamo != "no" else None)  # fmt: skip
     if config.channels_last and (line := channels_last_change(strategy)):
         tell_change(accelerator, facts.changes, line)
     if line := buffers_change(strategy, float_buffers(built.module)):
