@@ -25,3 +25,18 @@ def test_the_captured_recipe_is_fast99_with_the_step_captured():
     changed = {k: graph[k] for k in graph if plain.get(k) != graph[k]}
     assert changed == {"cycle_momentum": False, "cuda_graph": True, "channels_last": True,
                        "output_dir": "outputs/fast99_graph"}  # fmt: skip
+
+
+def test_the_compiled_recipe_is_the_captured_one_at_the_measured_settings():
+    import yaml
+
+    from accel_mnist.config import TrainConfig
+    from tests.helpers import REPO
+
+    recipes = REPO / "recipes"
+    graph, compiled = (yaml.safe_load((recipes / name).read_text()) for name in ("fast99_graph.yaml",
+                                                                                   "fast99_compiled.yaml"))  # fmt: skip
+    TrainConfig.from_dict(compiled)
+    # What the 20 fresh commands of benchmarks/results/h100-2026-12-06-command ran: --lr 0.02 --cudnn-benchmark.
+    changed = {k: compiled[k] for k in compiled if graph.get(k) != compiled[k]}
+    assert changed == {"lr": 0.02, "cudnn_benchmark": True, "output_dir": "outputs/fast99_compiled"}
