@@ -177,7 +177,10 @@ class GraphedStep:
             raise
         # Replay writes these; eager steps in between (other shapes) leave them to the graph.
         self.static_grads = [p.grad for group in inner.param_groups for p in group["params"]]
-        return graph, loss
+        # Detached: the captured loss's autograd graph would keep the parameters' AccumulateGrad nodes,
+        # made on the capture's stream, alive for the run; the eager step of the epoch's smaller batch then
+        # reused them on the default stream, and autograd warned of the mismatch (seen on one H100).
+        return graph, loss.detach()
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.captured and hyperparameters(self.inner) != self.captured_settings:
