@@ -1,5 +1,6 @@
 # Issue 45, where a compiled command's seconds go: `bash gpu45c.sh PHASE...` from the project root on
-# the device machine (carrying .device); everything it measures goes to $OUT. Phases: diag, fresh, pack.
+# the device machine (carrying .device); everything it measures goes to $OUT. Phases: diag, pyc, cold, warm, fresh,
+# nobench, freshbase, parts, pack.
 source .device/setup.sh || exit 1
 export ACCELERATE_MIXED_PRECISION=bf16
 R=recipes/fast99_graph.yaml
@@ -53,5 +54,9 @@ nobench)  # without cuDNN's algorithm search (a whole command has it in prewarm)
     comp nobench_1thread --seed 0 --lr 0.02 --no-cudnn-benchmark ;;
 freshbase)  # the uncompiled recipe's fresh commands, seed by seed until DEADLINE
   for s in $(seq 0 19); do [ $(date +%s) -lt ${DEADLINE:-0} ] || break; train fresh_base_$s --seed $s; done ;;
+parts)  # not run yet: what the prewarm buys a whole command (without it, kernels load inside the clock)
+  train parts_base_noprewarm --seed 0 --no-prewarm
+  TORCHINDUCTOR_CACHE_DIR=/tmp/ind_one TORCHINDUCTOR_COMPILE_THREADS=1 comp parts_1thread_noprewarm --seed 0 --lr 0.02 \
+    --no-prewarm ;;
 pack) tar -czf $OUT/all.tgz -C $OUT --exclude all.tgz . ; ls -la $OUT/all.tgz ;;
 esac; done
