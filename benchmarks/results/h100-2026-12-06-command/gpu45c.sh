@@ -1,6 +1,6 @@
 # Issue 45, where a compiled command's seconds go: `bash gpu45c.sh PHASE...` from the project root on
 # the device machine (carrying .device); everything it measures goes to $OUT. Phases: diag, pyc, cold, warm, fresh,
-# nobench, freshbase, parts, pack.
+# nobench, freshbase, parts, profsingle, pack.
 source .device/setup.sh || exit 1
 export ACCELERATE_MIXED_PRECISION=bf16
 R=recipes/fast99_graph.yaml
@@ -58,5 +58,9 @@ parts)  # not run yet: what the prewarm buys a whole command (without it, kernel
   train parts_base_noprewarm --seed 0 --no-prewarm
   TORCHINDUCTOR_CACHE_DIR=/tmp/ind_one TORCHINDUCTOR_COMPILE_THREADS=1 comp parts_1thread_noprewarm --seed 0 --lr 0.02 \
     --no-prewarm ;;
+profsingle)  # not run yet: --profile through accelerate_configs/single_gpu.yaml by name (issue 45's single_gpu)
+  cmd profile_single_gpu accelerate launch --config_file accelerate_configs/single_gpu.yaml --main_process_port 0 \
+    -m accel_mnist train --config $R --output-dir /tmp/o_profile_single_gpu --overwrite --max-steps 40 --profile 8 \
+    --no-export --cudnn-benchmark ;;
 pack) tar -czf $OUT/all.tgz -C $OUT --exclude all.tgz . ; ls -la $OUT/all.tgz ;;
 esac; done
