@@ -182,6 +182,15 @@ class TrainConfig:
             "are unchanged)",
         },
     )
+    compile_evaluation: bool = field(
+        default=True,
+        metadata={
+            "cells": (False,),
+            "help": "where the launch compiles the model (dynamo_backend), evaluate with it compiled; false: with its "
+            "eager kernels, no evaluation graph to compile (seconds a command that a short run's few evaluations "
+            "do not repay: see recipes/fast99_compiled.yaml)",
+        },
+    )
     checkpoint_every: int = field(
         default=0, metadata={"help": "also checkpoint every N optimizer steps (0: only at epoch ends)"}
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -10,6 +11,14 @@ from accelerate import Accelerator
 from torch import nn
 
 from .model_output import logits_of
+
+
+def evaluation_stance(compiled: bool) -> AbstractContextManager[object]:
+    """Where an evaluation runs a compiled model (the launch's dynamo_backend): compiled (`compiled`), or
+    its eager kernels under dynamo's `force_eager` stance, so that the model's evaluation-mode graph
+    (BatchNorm's running statistics, the evaluation batch's shape) is never compiled. Without a
+    compiled model both are the same eager evaluation."""
+    return nullcontext() if compiled else torch.compiler.set_stance("force_eager")
 
 
 @torch.no_grad()

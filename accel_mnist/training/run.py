@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..distributed.option_rules import eager_line
 from ..errors import NonFiniteLossError, on_every_rank
-from ..evaluation import evaluate
+from ..evaluation import evaluate, evaluation_stance
 from ..memory.memory_watch import MemoryWatch
 from ..optim import is_constant
 from ..run import checkpoint as ckpt
@@ -187,9 +187,10 @@ class TrainingRun:
         accelerator, state = self.accelerator, self.progress
         start = time.perf_counter()
         self.memory.count(at_rest=True)  # between steps: before evaluating gathers ZeRO-3's parameters
-        evaluation = evaluate(
-            self.model, self.data.test, accelerator, self.step.input_dtype, self.described.num_classes
-        )
+        with evaluation_stance(self.config.compile_evaluation):
+            evaluation = evaluate(
+                self.model, self.data.test, accelerator, self.step.input_dtype, self.described.num_classes
+            )
         self.confusion_matrix = evaluation.pop("confusion_matrix")
         loss_sum = accelerator.reduce(self.losses.total(), "sum").item()
         train_loss = loss_sum / max(state.loss_count * accelerator.num_processes, 1)
