@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -332,3 +333,32 @@ def test_a_row_of_n_gpus_is_skipped_on_a_machine_of_fewer(monkeypatch):
     assert runner.skip_reason({}, suite, None) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert runner.skip_reason({"needs": "cuda2"}, {}, None) == "needs a CUDA GPU"
+
+
+def test_command_stacks_finds_the_function_a_command_waits_in(tmp_path, monkeypatch):
+    from benchmarks import command_stacks
+
+    (tmp_path / "sleeper.py").write_text(
+        "import sys, time\n\ndef wait_here():\n    time.sleep(0.4)\n\nwait_here()\nsys.exit(3)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("sys.argv", list(sys.argv))  # main() sets the module's own
+    out = tmp_path / "stacks.txt"
+    assert command_stacks.main(["--interval", "0.01", "--out", str(out), "--", "sleeper"]) == 3
+    waited = sum(
+        float(line.rsplit(" ", 1)[1]) for line in out.read_text().splitlines() if "sleeper.py:wait_here" in line
+    )
+    assert 0.3 < waited < 1.0
+
+
+def test_first_launches_times_the_prewarms_operations(tmp_path, capsys):
+    from benchmarks import first_launches
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text("model: linear\nbatch_size: 64\neval_batch_size: 100\nprewarm: true\n")
+    assert first_launches.main(["--config", str(config), "--top", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines[1:3]]
+    assert [row["prewarm"] for row in rows] == ["first", "second"]
+    assert rows[0]["ops"] == rows[1]["ops"] > 0  # the same operations, cold and warm
+    assert any("aten.addmm" in line for line in lines[3:])  # the linear model's forward
