@@ -1,11 +1,14 @@
 """Where a whole command's seconds go, imports and process start included, sampled rather than traced.
 
     python -m benchmarks.command_stacks --out stacks.txt -- accel_mnist train --config recipes/fast99_graph.yaml
+    python -m benchmarks.command_stacks --read stacks.txt --phase training/prewarm.py:prewarm --phase ...
 
 runs `python -m MODULE ARGS...` in this process while a thread reads the main thread's stack every
 `--interval` seconds, then prints the seconds spent inside each function (inclusive), the project's
 and the libraries' alike, and writes the samples as collapsed stacks (`--out`: one `frame;frame;... seconds`
-line per stack, the format flame-graph viewers such as speedscope open).
+line per stack, the format flame-graph viewers such as speedscope open). `--read` prints such a file's seconds per
+phase: the first `--phase` function on each sample's stack, split into imports, dynamo's tracing, inductor and
+the rest.
 
 Why sampling: cProfile's hook sits beside dynamo's frame evaluation and leaves the cumulative times of a
 compiled run's functions unusable (seen on one H100), and it slows every Python call, where a command of
@@ -83,14 +86,47 @@ def inclusive(samples: Counter[tuple[str, ...]]) -> Counter[str]:
     return total
 
 
+def read_stacks(path: Path) -> Counter[tuple[str, ...]]:
+    """Collapsed stacks as `--out` wrote them."""
+    samples: Counter[tuple[str, ...]] = Counter()
+    for line in path.read_text().splitlines():
+        stack, seconds = line.rsplit(" ", 1)
+        samples[tuple(stack.split(";")) if stack != "<idle>" else ()] += float(seconds)
+    return samples
+
+
+# What a phase's seconds were spent on, the first that matches the stack: an import, dynamo's tracing, inductor.
+KINDS = (("import", "_find_and_load"), ("dynamo", "torch/_dynamo/convert_frame.py"), ("inductor", "torch/_inductor/"))
+
+
+def phases(samples: Counter[tuple[str, ...]], names: Sequence[str]) -> dict[str, Counter[str]]:
+    """Seconds per phase: each sample goes to the first of `names` (`path:function` endings) on its stack, else to
+    "other"; within a phase, split by KINDS (else "rest")."""
+    table: dict[str, Counter[str]] = {name: Counter() for name in (*names, "other")}
+    for stack, seconds in samples.items():
+        phase = next((n for n in names if any(frame.endswith(n) for frame in stack)), "other")
+        kind = next((k for k, mark in KINDS if any(mark in frame for frame in stack)), "rest")
+        table[phase][kind] += seconds
+    return table
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the module under the sampler, print the table, write the collapsed stacks."""
+    """Run the module under the sampler, print the table, write the collapsed stacks; or `--read` such stacks and
+    print seconds per `--phase`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--interval", type=float, default=0.002, help="seconds between samples")
     parser.add_argument("--top", type=int, default=60, help="functions in the printed table")
     parser.add_argument("--out", type=Path, help="collapsed stacks to write")
+    parser.add_argument("--read", type=Path, help="collapsed stacks written before: print their phases, run nothing")
+    parser.add_argument("--phase", action="append", default=[], help="a phase's function (path:function ending); "
+                        "repeat, the first on a sample's stack wins")  # fmt: skip
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- MODULE ARGS...")
     args = parser.parse_args(argv)
+    if args.read:
+        for name, kinds in phases(read_stacks(args.read), args.phase).items():
+            parts = ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in kinds.most_common())
+            print(f"{sum(kinds.values()):8.2f} s  {name}: {parts}")
+        return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no module to run: add -- MODULE ARGS...")

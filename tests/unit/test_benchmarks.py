@@ -349,6 +349,8 @@ def test_command_stacks_finds_the_function_a_command_waits_in(tmp_path, monkeypa
         float(line.rsplit(" ", 1)[1]) for line in out.read_text().splitlines() if "sleeper.py:wait_here" in line
     )
     assert 0.3 < waited < 1.0
+    table = command_stacks.phases(command_stacks.read_stacks(out), ["sleeper.py:wait_here"])
+    assert sum(table["sleeper.py:wait_here"].values()) == pytest.approx(waited)
 
 
 def test_first_launches_times_the_prewarms_operations(tmp_path, capsys):
