@@ -20,6 +20,7 @@ samples go to the stack the second one sees, which is the same call where the ca
 from __future__ import annotations
 
 import argparse
+import gzip
 import runpy
 import sys
 import threading
@@ -87,9 +88,10 @@ def inclusive(samples: Counter[tuple[str, ...]]) -> Counter[str]:
 
 
 def read_stacks(path: Path) -> Counter[tuple[str, ...]]:
-    """Collapsed stacks as `--out` wrote them."""
+    """Collapsed stacks as `--out` wrote them (gzipped where the name ends in .gz, as results folders keep them)."""
     samples: Counter[tuple[str, ...]] = Counter()
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         stack, seconds = line.rsplit(" ", 1)
         samples[tuple(stack.split(";")) if stack != "<idle>" else ()] += float(seconds)
     return samples

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
@@ -351,6 +352,9 @@ def test_command_stacks_finds_the_function_a_command_waits_in(tmp_path, monkeypa
     assert 0.3 < waited < 1.0
     table = command_stacks.phases(command_stacks.read_stacks(out), ["sleeper.py:wait_here"])
     assert sum(table["sleeper.py:wait_here"].values()) == pytest.approx(waited)
+    zipped = tmp_path / "stacks.txt.gz"
+    zipped.write_bytes(gzip.compress(out.read_bytes()))
+    assert command_stacks.read_stacks(zipped) == command_stacks.read_stacks(out)
 
 
 def test_first_launches_times_the_prewarms_operations(tmp_path, capsys):
