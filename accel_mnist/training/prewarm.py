@@ -58,7 +58,8 @@ def prewarm(
     autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
     precision: CopyPrecision = AS_PREPARED_ELSEWHERE,
 ) -> float:
-    """One step on a copy of `model` per training batch shape; returns the seconds it took.
+    """One step on a copy of `model` per training batch shape; returns the seconds of those steps and the
+    evaluation's shape (the copy and its optimizer are built before the clock starts, see below).
 
     `train_samples` (per process) adds the epoch's last, smaller batch: a new shape makes cuDNN
     choose its kernels again at each epoch end. `rehearsals` run the loop's own per-step tensor
@@ -69,13 +70,17 @@ def prewarm(
     """
     from ..optim import build_optimizer
 
-    start = time.perf_counter()
     devices = [] if device.type == "cpu" else [device.index or 0]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         weights = sixteen_bit_dtype(precision.weights) if precision.weights else torch.float32
         twin = throwaway_copy(model, device, weights if precision.weights else None).train()
         autocast = autocast if precision.autocast else nullcontext
         optimizer = build_optimizer(twin, config)
+        # The clock starts after the copy's optimizer: a process's first torch optimizer imports torch._dynamo
+        # (Optimizer.__init__ is wrapped to keep dynamo out), which the run's own optimizer would import without a
+        # prewarm; where Python compiles the libraries' sources in each process that import was 5.3 s of a 6.6 s
+        # prewarm (benchmarks/results/h100-2026-12-06-stacks).
+        start = time.perf_counter()
         for size in sorted({config.batch_size, train_samples % config.batch_size} - {0}, reverse=True):
             inputs = torch.zeros(size, *input_shape, device=device)
             labels = torch.zeros(size, dtype=torch.long, device=device)
