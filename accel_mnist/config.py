@@ -188,7 +188,7 @@ class TrainConfig:
             "cells": (False,),
             "help": "where the launch compiles the model (dynamo_backend), evaluate with it compiled; false: with its "
             "eager kernels, no evaluation graph to compile (seconds a command that a short run's few evaluations "
-            "do not repay: see recipes/fast99_compiled.yaml)",
+            "do not repay: see accelerate_configs/README.md, torch dynamo)",
         },
     )
     checkpoint_every: int = field(

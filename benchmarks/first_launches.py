@@ -3,13 +3,13 @@ first call and again in a second prewarm (on a GPU; a CPU runs it too).
 
     ACCELERATE_MIXED_PRECISION=bf16 python -m benchmarks.first_launches --config recipes/fast99_graph.yaml
 
-Builds the accelerator and the registry's model as a run does, then runs `prewarm` (one step per batch shape
-and the evaluation's shape, on a copy) twice under a dispatch mode that synchronizes the device after every
-operation and times it. The first prewarm's per-operation seconds are where a fresh process waits (CUDA loading
-each kernel's module on its first launch, cuBLAS and cuDNN loading and searching); the second is what the same
-work costs warm. Timing each operation alone adds a synchronization per operation, so the totals are upper
-bounds: `--untimed` runs the two prewarms without the timer, for their plain seconds. One JSON line per
-prewarm, then a table of the operations that waited longest on their first call.
+Builds the accelerator and the registry's model as a run does, then runs `prewarm` (one step per batch shape of an
+epoch of MNIST's 60,000 training images of 1x28x28, and the evaluation's shape, on a copy) twice under a dispatch
+mode that synchronizes the device after every operation and times it. The first prewarm's per-operation seconds
+are where a fresh process waits (CUDA loading each kernel's module on its first launch, cuBLAS and cuDNN loading
+and searching); the second is what the same work costs warm. Timing each operation alone adds a synchronization
+per operation, so the totals are upper bounds: `--untimed` runs the two prewarms without the timer, for their
+plain seconds. One JSON line per prewarm, then a table of the operations that waited longest on their first call.
 """
 
 from __future__ import annotations
