@@ -21,6 +21,7 @@ from accelerate.utils import AutocastKwargs, GradientAccumulationPlugin, InitPro
 
 from ..config import AUTO_BATCH, TrainConfig
 from ..errors import UsageError
+from ..launch.bytecode import uncached_bytecode_note
 from ..launch.elastic import join_restarted_group
 from ..launch.launcher_watch import watch_launcher
 from ..launch.launchers import (
@@ -117,11 +118,14 @@ def _align_and_collect_notes(
     accelerator: Accelerator, config: TrainConfig, launch: LaunchSettings, arch_note: str | None
 ) -> list[str]:
     """DeepSpeed's settings made the TrainConfig's (_align_deepspeed), and what to tell the user:
-    the launch's notes, those of the alignment, the CUDA arch list's, a DeepSpeed launcher's."""
+    the launch's notes, those of the alignment, the CUDA arch list's, a DeepSpeed launcher's, and torch's
+    sources compiled in this process (launch/bytecode.py)."""
+    bytecode_note = uncached_bytecode_note()
     notes = [
         *launch.notes,
         *_align_deepspeed(accelerator, config, launch.grad_accum),
         *([arch_note] if arch_note else []),
+        *([bytecode_note] if bytecode_note else []),
     ]
     if started_by_deepspeed_launcher() and not launch.use_deepspeed:
         notes.append(WITHOUT_DEEPSPEED.format(kind=accelerator.distributed_type.value))
