@@ -4,10 +4,10 @@ Python compiles a module's source to bytecode when it imports it and caches the 
 or under PYTHONPYCACHEPREFIX) for the next process. Where nothing wrote it at install time (pip does; uv
 only with `--compile-bytecode`) and Python may not write it when importing (PYTHONDONTWRITEBYTECODE, common
 in container images, or a read-only install), every command compiles torch's, accelerate's and dynamo's
-sources again before it trains. On the H100 machine of benchmarks/results/h100-2026-12-06-stacks, which
-caches none, that was 4.6 s of compiling and 2.6 s of reading sources in an 11.4 s command, and 8.1 s and
-4.0 s in the compiled recipe's 15.6 s one (sampled). `python -m compileall` writes the bytecode once,
-whatever PYTHONDONTWRITEBYTECODE says; Python reads it from then on.
+sources again before it trains: a two-step CPU run took 6.8 s instead of 2.8 s, and on one H100 machine
+compiling and reading sources were 7.2 s of an 11.4 s command (docs/measurements.md#launchbytecodepy).
+`python -m compileall` writes the bytecode once, whatever PYTHONDONTWRITEBYTECODE says; Python reads it
+from then on.
 """
 
 from __future__ import annotations
