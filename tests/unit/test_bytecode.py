@@ -3,6 +3,7 @@ the command the note gives makes it go away."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,13 @@ from tests.helpers import REPO
 PROBE = "import pkg; from accel_mnist.launch.bytecode import uncached_bytecode_note as n; print(n(pkg))"
 
 
+def _env(folder: Path) -> dict[str, str]:
+    # Without the caller's PYTHONDONTWRITEBYTECODE or PYTHONPYCACHEPREFIX: each test sets what it means.
+    return {"PYTHONPATH": f"{folder}:{REPO}", "PATH": "/usr/bin:/bin"}
+
+
 def _note(folder: Path, *flags: str) -> str:
-    env = {"PYTHONPATH": f"{folder}:{REPO}", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, *flags, "-c", PROBE], env=env, cwd=folder, capture_output=True,
+    proc = subprocess.run([sys.executable, *flags, "-c", PROBE], env=_env(folder), cwd=folder, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
@@ -28,7 +33,7 @@ def test_the_note_names_the_cause_and_its_command_caches_the_bytecode(tmp_path: 
     assert note.startswith("pkg's bytecode is not cached (PYTHONDONTWRITEBYTECODE or -B is set)"), note
     command = note.split("`")[1]
     assert command == f"python -m compileall -q {tmp_path}", note
-    subprocess.run([sys.executable, *command.split()[1:]], check=True, timeout=60)
+    subprocess.run([sys.executable, *shlex.split(command)[1:]], env=_env(tmp_path), check=True, timeout=60)
     assert _note(tmp_path, "-B") == "None"  # read from the cache now, though still not allowed to write
 
 
