@@ -13,6 +13,7 @@ from then on.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +37,6 @@ def uncached_bytecode_note(module: ModuleType | None = None) -> str | None:
     prefix = "" if os.access(folder, os.W_OK) or sys.pycache_prefix else "PYTHONPYCACHEPREFIX=/a/writable/folder "
     return (
         f"{module.__name__}'s bytecode is not cached ({why}): every command compiles its sources again, seconds "
-        f"of start-up; `{prefix}python -m compileall -q {folder}` writes it once"
+        f"of start-up; `{prefix}python -m compileall -q {shlex.quote(str(folder))}` writes it once"
         + (" (keep PYTHONPYCACHEPREFIX set after)" if prefix else "")
     )

@@ -32,7 +32,7 @@ def test_the_note_names_the_cause_and_its_command_caches_the_bytecode(tmp_path: 
     note = _note(tmp_path, "-B")  # -B: what PYTHONDONTWRITEBYTECODE does
     assert note.startswith("pkg's bytecode is not cached (PYTHONDONTWRITEBYTECODE or -B is set)"), note
     command = note.split("`")[1]
-    assert command == f"python -m compileall -q {tmp_path}", note
+    assert command == f"python -m compileall -q {shlex.quote(str(tmp_path))}", note
     subprocess.run([sys.executable, *shlex.split(command)[1:]], env=_env(tmp_path), check=True, timeout=60)
     assert _note(tmp_path, "-B") == "None"  # read from the cache now, though still not allowed to write
 
