@@ -27,13 +27,12 @@ def uncached_bytecode_note(module: ModuleType | None = None) -> str | None:
 
         module = torch
     spec = module.__spec__
-    if spec is None or not spec.has_location or not spec.cached or Path(spec.cached).exists():
+    if spec is None or spec.origin is None or not spec.cached or Path(spec.cached).exists():
         return None
-    cached = spec.cached
     # After the import a writable place would hold the bytecode already: it is missing because Python
     # may not write it here.
     why = "PYTHONDONTWRITEBYTECODE or -B is set" if sys.dont_write_bytecode else "its folder is read-only"
-    folder = Path(spec.origin).parent.parent if spec.origin else Path(cached).parent
+    folder = Path(spec.origin).parent.parent  # the folder that holds the package: site-packages
     prefix = "" if os.access(folder, os.W_OK) or sys.pycache_prefix else "PYTHONPYCACHEPREFIX=/a/writable/folder "
     return (
         f"{module.__name__}'s bytecode is not cached ({why}): every command compiles its sources again, seconds "
