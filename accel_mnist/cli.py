@@ -159,7 +159,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .distributed.compile_keys import prefetch_for_launch
     from .launch.launchers import check_local_rank
+
+    prefetch_for_launch()  # a compiled run's cache keys hashed while accelerate is imported
     from .training.loop import train  # torch and accelerate: not for `--help` or the other commands
 
     settle_collector(args.own_process)

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..distributed.accelerator import build_accelerator
+from ..distributed.compile_keys import prefetch_for_launch
 from ..distributed.compile_threads import default_compile_threads
 from ..distributed.strategy import Strategy
 from ..errors import UsageError, on_every_rank
@@ -56,6 +57,7 @@ def train(
     own = OwnData(train_data, test_data, mean, std)
     default_settings()  # expandable segments, before the Accelerator starts CUDA (memory/allocator.py)
     default_compile_threads()  # one, before anything compiles (distributed/compile_threads.py)
+    prefetch_for_launch()  # a compiled run's cache keys hashed during its setup (distributed/compile_keys.py)
     try:
         accelerator = build_accelerator(config, announce=True)
     except UsageError as e:  # from the launch's settings, which every process reads alike
