@@ -20,7 +20,9 @@ def test_in_process_calls_leave_the_collector_alone(tmp_path):
     frozen = gc.get_freeze_count()
     assert main(["configs"]) == 0
     assert main(["train", "--data-dir", str(tmp_path), "--no-download", "--output-dir", str(tmp_path / "o")]) == 2
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    # Nothing frozen by the calls: a freeze would add every object tracked since. The count may fall: the
+    # suite freezes its imported heap after collection (conftest.py), and a call can free some of it.
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen
 
 
 # The command's own process: the collector is off through the imports, then on again with what
