@@ -6,10 +6,12 @@ r"""Time to accuracy over many seeds in one process, as speed records time it.
 airbench and the like time many runs in one process, with compilation and kernel loading left
 to a first run that is not counted; each fresh `accel-mnist train` command pays both again.
 `--runner accel` calls `accel_mnist.train()` with the recipe's TrainConfig (`--set KEY=VALUE`
-overrides a key) once per seed; `--runner plain` the plain PyTorch twin's `run()` (flags after
-`--` go to it). One run (seed 1000) is made first and left out. Prints one JSON line: per seed
-the training clock to the first evaluation at or above 99% (None where never reached), the
-final accuracy, and their mean, spread (standard deviation, min, max) and the share of seeds
+overrides a key) once per seed; `--model package.module:callable` trains the model that callable returns
+(built under the seed, as `train()` builds the registry's) in place of the recipe's, for instance one of
+benchmarks/variants.py's. `--runner plain` runs the plain PyTorch twin's `run()` (flags after `--` go to
+it). One run (seed 1000) is made first and left out (`--warmup-runs 0` where only the steps count). Prints
+one JSON line: per seed the training clock to the first evaluation at or above 99% (None where never
+reached), the final accuracy, and their mean, spread (standard deviation, min, max) and the share of seeds
 that reached the target.
 """
 
@@ -41,12 +43,23 @@ def first_at(curve: list[dict[str, Any]], target: float) -> float | None:
     return next((row["train_seconds"] for row in curve if row["test_accuracy"] >= target), None)
 
 
-def accel_run(config: Any, seed: int, folder: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One accel_mnist run in this process: its metrics rows and results."""
+def accel_run(
+    config: Any, seed: int, folder: Path, model: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One accel_mnist run in this process: its metrics rows and results. `model` (`package.module:callable`)
+    is built under the seed, as `train()` builds the registry's model, and passed to `train()`."""
     import accel_mnist
 
+    module = None
+    if model is not None:
+        from accelerate.utils import set_seed
+
+        from accel_mnist.models import model_from_path
+
+        set_seed(seed)
+        module = model_from_path(model)
     out = folder / f"seed{seed}"
-    results = accel_mnist.train(config.replace(seed=seed, output_dir=str(out), overwrite=True))
+    results = accel_mnist.train(config.replace(seed=seed, output_dir=str(out), overwrite=True), module)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return rows, results
 
@@ -86,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0-19")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key (accel)")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--warmup-runs", type=int, default=WARMUP_RUNS, help="uncounted runs first (seeds 1000 on)")
+    p.add_argument("--model", default=None, metavar="MODULE:CALLABLE", help="a model factory (accel)")
     args = p.parse_args(argv)
     seeds = seeds_of(args.seeds)
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             config = TrainConfig.from_dict(values, source=args.config)
 
             def one(seed: int) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
-                rows, results = accel_run(config, seed, Path(tmp))
+                rows, results = accel_run(config, seed, Path(tmp), args.model)
                 facts = {k: results.get(k) for k in ("step", "capture_seconds", "prewarm_seconds", "eager_reason")}
                 return rows, results["test_accuracy"], facts
         else:
@@ -114,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 facts = {k: result.get(k) for k in ("cuda_graph", "capture_seconds")}
                 return curve, curve[-1]["test_accuracy"], facts
 
-        for i in range(WARMUP_RUNS):
+        for i in range(args.warmup_runs):
             one(1000 + i)
         times, accuracies, per_seed = [], [], []
         for seed in seeds:
@@ -124,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             accuracies.append(accuracy)
             per_seed.append({"seed": seed, "seconds_to_target": seconds, "final_accuracy": accuracy,
                              "steps": rows[-1]["step"], **facts})  # fmt: skip
-    print(json.dumps({"runner": args.runner, "config": args.config, "set": args.set, "plain_flags": extra,
-                      "target": TARGET, "warmup_runs": WARMUP_RUNS, **summary(times, accuracies),
+    print(json.dumps({"runner": args.runner, "config": args.config, "set": args.set, "model": args.model,
+                      "plain_flags": extra,
+                      "target": TARGET, "warmup_runs": args.warmup_runs, **summary(times, accuracies),
                       "seeds": per_seed}))  # fmt: skip
     return 0
 
