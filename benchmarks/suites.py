@@ -173,6 +173,27 @@ H200_SPEED: list[Row] = [
      "parse": "curve", "target": 0.99, "seeds": list(range(20)), "budget": 540},
 ]  # fmt: skip
 
+# Issue 45's fewer steps without compilation: benchmarks/variants.py's models against the registry's BNCNN, each
+# 20 seeds in one process at the uncompiled floor's settings (lr 0.02, cuDNN's search: 0.171 s in
+# h100-2026-12-07-batch), so that a narrower step or an averaged evaluation shows its steps and its time.
+FLOOR = [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true", "--set", "lr=0.02"]
+H200_SPEED += [
+    {"name": f"fewer_{name}", "group": "fewer_steps", "what": f"{what}, fast99_graph.yaml in bf16, "
+     "cudnn_benchmark=true, 20 seeds in one process", "needs": "recipe", "cmd": [*FLOOR, *extra], "env": BF16,
+     "parse": "json_line", "repeat": 1, "budget": 45}
+    for name, what, extra in (
+        ("bncnn", "the registry's BNCNN (32-64-128 channels), lr 0.02", []),
+        ("width16", "BNCNN at 16-32-64 channels, lr 0.02", ["--model", "benchmarks.variants:bncnn_16"]),
+        ("width16_lr3", "BNCNN at 16-32-64 channels, lr 0.03", ["--model", "benchmarks.variants:bncnn_16",
+                                                                 "--set", "lr=0.03"]),
+        ("width24", "BNCNN at 24-48-96 channels, lr 0.02", ["--model", "benchmarks.variants:bncnn_24"]),
+        ("average095", "BNCNN evaluated with a moving average (0.95), lr 0.02", ["--model",
+                                                                         "benchmarks.variants:bncnn_average_095"]),
+        ("average090", "BNCNN evaluated with a moving average (0.90), lr 0.02", ["--model",
+                                                                         "benchmarks.variants:bncnn_average_090"]),
+    )
+]  # fmt: skip
+
 # The memory suites (benchmarks/memory_suite.py reads them): one `accel-mnist train` launch per
 # strategy, fp32 on the CPU's 2 cores (2 processes over gloo, and 1), the launch's precision on a GPU.
 MEMORY_TRAIN = ["-m", "accel_mnist", "train", "--data-loader", "device", "--no-export", "--no-save-checkpoints",
