@@ -93,6 +93,14 @@ class TrainConfig:
             "help": "the training loss's label smoothing in [0, 1) (torch's cross_entropy); evaluation's loss has none",
         },
     )
+    ema_decay: float | None = field(
+        default=None,
+        metadata={
+            "cells": (0.9,),
+            "help": "evaluate, checkpoint and export an exponential moving average of the parameters with this "
+            "decay in (0, 1), e.g. 0.95 (none: the parameters as trained; training/averaging.py)",
+        },
+    )
     weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
     scheduler: str = field(
         default="none", metadata={"cells": ("onecycle", "cosine", "step"), "help": ", ".join(SCHEDULERS)}
@@ -272,6 +280,8 @@ class TrainConfig:
             raise ConfigError(f"lr: must be > 0, got {self.lr}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"ema_decay: must be in (0, 1) (or null for none), got {self.ema_decay}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ConfigError(f"max_grad_norm: must be > 0 (or null for no clipping), got {self.max_grad_norm}")
         for key in ("weight_decay", "momentum"):

@@ -22,6 +22,7 @@ from typing import Any
 
 from accel_mnist.config import TrainConfig
 from accel_mnist.distributed.option_rules import (
+    averaging_refusal,
     buffers_change,
     capture_refusal,
     channels_last_change,
@@ -206,6 +207,8 @@ def expect(strategy: Strategy, precision: str, device: str, processes: int, cell
     setup = RunStrategy(kind=kind, device=device, precision=precision, grad_accum=grad_accum,
                   dynamo=DYNAMO_BACKEND[device] if strategy.dynamo else "no", zero_stage=strategy.zero_stage,
                   fsdp_version=strategy.fsdp_version, scaler=precision == "fp16" and kind != "DEEPSPEED")  # fmt: skip
+    if config.ema_decay is not None and (why := averaging_refusal(setup)):
+        return Outcome("refuses", (why,))
     lines = []
     if config.channels_last and (line := channels_last_change(setup)):
         lines.append(line)

@@ -27,6 +27,12 @@ row of the array holds such a pair. A cell of its own holds the two values, expe
 with the runtime's line, or, for a known failure, to fail as it does now (the test fails once it
 is fixed, so that the pair goes back into the array).
 
+Values refused in some groups. A value that refuses alone under some strategies and runs under the
+others (REFUSED_IN_SOME_GROUPS: `ema_decay` under ZeRO-3 and FSDP) stays out of the array too, whose
+cells would refuse there and take their other pairs with them. Cells of its own, after the array,
+pair it with every value of every other parameter (as few as the largest parameter has values);
+where it refuses they refuse with its line, and elsewhere they run like the rest.
+
 Groups. The whole array runs in each group (a strategy, precision and process count: one
 launch) that it runs in, so every pair of option values meets under each such group: each
 (value, value, group) triple is covered. On a GPU those are all the option matrix's groups,
@@ -88,6 +94,9 @@ PAIR_REFUSALS = {
         TrainConfig(optimizer="adadelta", scheduler="onecycle")
     ),
 }
+# Values that refuse alone under some groups and run under the others: their pairs are held by cells of
+# their own, after the array (pair_cells); the option matrix checks the refusal's line.
+REFUSED_IN_SOME_GROUPS = ("ema_decay=0.9",)  # ZeRO-3 and FSDP (option_rules.averaging_refusal)
 # Pairs of values that fail with a traceback where a run should train or refuse in one line:
 # {(value, value): the last line of the traceback}, kept apart alike; remove an entry once the pair
 # trains or refuses. The pair matrix found one (the pair above, then a ValueError from torch).
@@ -156,13 +165,17 @@ def _pair(i: int, a: int, j: int, b: int) -> Pair:
 
 
 def covering_array(
-    sizes: Sequence[int], forbidden: frozenset[Pair] = frozenset(), seed: int = SEED, candidates: int = CANDIDATES
+    sizes: Sequence[int],
+    forbidden: frozenset[Pair] = frozenset(),
+    seed: int = SEED,
+    candidates: int = CANDIDATES,
+    wanted_pairs: set[Pair] | None = None,
 ) -> list[Row]:
-    """Rows that together hold every pair of values but the forbidden ones, and no forbidden
-    pair: AETG's greedy (the module's docstring)."""
+    """Rows that together hold every pair of values (or of `wanted_pairs`) but the forbidden ones, and no
+    forbidden pair: AETG's greedy (the module's docstring)."""
     rng = random.Random(seed)
     k = len(sizes)
-    uncovered = all_pairs(sizes) - forbidden
+    uncovered = (all_pairs(sizes) if wanted_pairs is None else set(wanted_pairs)) - forbidden
     rows: list[Row] = []
     while uncovered:
         wanted: Counter[tuple[int, int]] = Counter()
@@ -244,7 +257,17 @@ def pair_cells() -> tuple[PairCell, ...]:
     params = parameters()
     apart = {_pair(*_index(params, a), *_index(params, b)): (line or "", "") for (a, b), line in PAIR_REFUSALS.items()}
     apart |= {_pair(*_index(params, a), *_index(params, b)): ("", line) for (a, b), line in KNOWN_FAILURES.items()}
-    rows = [(row, ("", "")) for row in covering_array([len(p.values) for p in params], frozenset(apart))]
+    sizes = [len(p.values) for p in params]
+    # A value that refuses alone under some groups (REFUSED_IN_SOME_GROUPS) stays out of the array, whose
+    # cells must run under every group; cells of its own then hold its pairs, refused where it is.
+    partial = [_index(params, name) for name in REFUSED_IN_SOME_GROUPS]
+    every = all_pairs(sizes)
+    with_partial = frozenset(pair for pair in every if {pair[:2], pair[2:]} & set(partial))
+    rows = [(row, ("", "")) for row in covering_array(sizes, frozenset(apart) | with_partial)]
+    for value in partial:
+        others = with_partial - {pair for pair in with_partial if value in (pair[:2], pair[2:])}
+        own = {pair for pair in with_partial if value in (pair[:2], pair[2:])}
+        rows += [(row, ("", "")) for row in covering_array(sizes, frozenset(apart) | others, wanted_pairs=own)]
     for (i, a, j, b), lines in apart.items():
         row = [0] * len(params)
         row[i], row[j] = a, b

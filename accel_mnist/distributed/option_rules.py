@@ -130,3 +130,15 @@ def tell_change(accelerator: Any, changes: list[str], line: str) -> None:
     """Print a change to what the config asked for (main process) and keep it for results.json."""
     accelerator.print(line)
     changes.append(line)
+
+
+def averaging_refusal(strategy: Strategy) -> str | None:
+    """Why `ema_decay` cannot run under this strategy (None: it can). The average (training/averaging.py) is
+    taken of each process's whole parameters and stands in for them at evaluations. ZeRO-3 leaves empty
+    placeholders in the module between passes; FSDP's sharded parameters would take a sharded average that no
+    test has run (FSDP needs a GPU), so it is refused until one has."""
+    if strategy.kind == "DEEPSPEED" and strategy.zero_stage == 3:
+        return "ema_decay: DeepSpeed ZeRO-3 shards the parameters, and the average needs them whole on each process"
+    if strategy.kind == "FSDP":
+        return f"ema_decay: FSDP{strategy.fsdp_version} shards the parameters; the average is not supported there yet"
+    return None

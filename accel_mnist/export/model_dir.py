@@ -25,7 +25,7 @@ from ..distributed.gather import fp32_cpu, full_state_dict, strip_wrapper_prefix
 from ..errors import UsageError, one_line
 from ..files import fsync_file, json_bytes, read_json_object, writing
 from ..run.checkpoint import STATE_FILE
-from ..run.checkpoint_weights import checkpoint_weights, read_safetensors
+from ..run.checkpoint_weights import AVERAGE_FILE, averaged_weights, checkpoint_weights, read_safetensors
 from .transformers_dir import HF_CONFIG_PLACES, hf_files
 
 __all__ = ["export_from_checkpoint", "full_state_dict", "load_model", "read_export_config", "save_exported"]
@@ -165,6 +165,8 @@ def export_from_checkpoint(
         raise UsageError(f"{ckpt / STATE_FILE}: no model name")
 
     weights = fp32_cpu(strip_wrapper_prefixes(checkpoint_weights(ckpt, trust_checkpoint)))
+    if config.get("ema_decay") is not None:  # the run evaluated, and exports, its average of the weights
+        weights = _with_average(ckpt, weights)
     extra: dict[str, Any] = {"step": state.get("step")}
     if model_name == "mlp" and config.get("mlp_hidden") is not None:
         extra["mlp_hidden"] = config["mlp_hidden"]
@@ -177,6 +179,14 @@ def export_from_checkpoint(
         weights, out_dir, model_name=model_name, dataset=dataset, extra=extra,
         transformers_config=hf if isinstance(hf, dict) else None,
     )  # fmt: skip
+
+
+def _with_average(ckpt: Path, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` with the checkpoint's averaged parameters in place of the parameters as trained."""
+    average = strip_wrapper_prefixes(averaged_weights(ckpt))
+    if any(weights.get(k) is None or weights[k].shape != v.shape for k, v in average.items()):
+        raise UsageError(f"{ckpt / AVERAGE_FILE}: its averaged weights do not fit the checkpoint's model")
+    return {**weights, **fp32_cpu(average)}
 
 
 def _fresh_model(

@@ -28,7 +28,7 @@ STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d+)$")
 # Keys whose change makes a checkpoint mean something else; everything else may differ on resume.
 # The batch size may change with the number of processes as long as the global batch stays.
-MUST_MATCH = ("model", "mlp_hidden", "dataset", "grad_accum", "optimizer", "scheduler", "seed")
+MUST_MATCH = ("model", "mlp_hidden", "dataset", "grad_accum", "optimizer", "scheduler", "seed", "ema_decay")
 
 
 def checkpoint_dir(output_dir: str | Path) -> Path:

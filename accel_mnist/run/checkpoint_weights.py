@@ -32,6 +32,9 @@ ACCELERATE_WEIGHTS = "model.safetensors"
 DEEPSPEED_TAG = "pytorch_model"
 FSDP_FULL = "pytorch_model_fsdp.bin"
 FSDP_SHARDED = "pytorch_model_fsdp_0"
+# Accelerate's save_custom_state names the first registered object's file so; a run registers one, its
+# average of the weights where it has ema_decay.
+AVERAGE_FILE = "custom_checkpoint_0.pkl"
 
 
 def checkpoint_weights(ckpt: Path, trust: bool = False) -> dict[str, Any]:
@@ -61,18 +64,49 @@ def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
         raise UsageError(f"{file}: not a valid safetensors file ({one_line(e)})") from None
 
 
-def _torch_save_weights(file: Path) -> dict[str, Any]:
-    # FSDP's full state dict, written by torch.save on rank 0: tensors in a dict, nothing else.
+def _tensors_only(file: Path, what: str) -> Any:
+    """What torch.save wrote to `file`, read with torch's restricted unpickler and no class beyond its own
+    (tensors, containers, numbers); a one-line UsageError naming `what` where it cannot be read so."""
     try:
         with weights_only_loads([]):
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         raise UsageError(f"{file}: holds objects other than tensors ({_global_named(e)}); not loaded") from None
     except (OSError, RuntimeError, ValueError, EOFError) as e:
-        raise UsageError(f"{file}: unreadable FSDP checkpoint: {one_line(e)}") from None
+        raise UsageError(f"{file}: unreadable {what}: {one_line(e)}") from None
+
+
+def _torch_save_weights(file: Path) -> dict[str, Any]:
+    # FSDP's full state dict, written by torch.save on rank 0: tensors in a dict, nothing else.
+    state = _tensors_only(file, "FSDP checkpoint")
     if not isinstance(state, dict):
         raise UsageError(f"{file}: expected a state dict, got {type(state).__name__}")
     return state
+
+
+def averaged_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The averaged parameters (`ema_decay`, training/averaging.py) that checkpoint folder `ckpt` holds, by
+    name: the one object a run registers for Accelerate's checkpoints, read with torch's restricted unpickler."""
+    file = ckpt / AVERAGE_FILE
+    if not file.is_file():
+        raise UsageError(f"{ckpt}: trained with ema_decay, but holds no {AVERAGE_FILE} (the averaged weights)")
+    average = average_in(_tensors_only(file, "averaged weights"))
+    if average is None:
+        raise UsageError(f"{file}: not the averaged weights of a run (a step count and tensors by name)")
+    return average
+
+
+def average_in(state: Any) -> dict[str, torch.Tensor] | None:
+    """The tensors by name of WeightAverage.state_dict's `state` (training/averaging.py), or None where
+    `state` is not one."""
+    if not isinstance(state, dict) or not isinstance(state.get("updates"), int):
+        return None
+    average = state.get("average")
+    if not isinstance(average, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in average.items()):
+        return None
+    return average
 
 
 def _fsdp_sharded_weights(shard_dir: Path) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ..memory.plan import (
     trace_gap_line,
 )
 from ..memory.probe import available, probe_batches
+from .averaging import resident_bytes
 from .inputs import RunData
 from .resolved import StepPlan
 from .step import batch_loss
@@ -61,7 +62,8 @@ def plan_memory(
         return example_draws(run_data.train, config.seed, every)
 
     shape = tuple(run_data.train.input_shape)
-    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
+    # What the run holds on the device besides the model states: the data, and ema_decay's average.
+    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test]) + resident_bytes(model, config.ema_decay)
 
     def probe_at(batch: int | None) -> PeakPlan:
         if refusal is not None:

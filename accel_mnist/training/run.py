@@ -24,6 +24,7 @@ from ..memory.memory_watch import MemoryWatch
 from ..optim import is_constant
 from ..run import checkpoint as ckpt
 from ..run.directory import RunDir
+from .averaging import WeightAverage
 from .cadence import Cadence
 from .captured_step import GraphedStep, build_step
 from .clock import TrainingClock
@@ -69,6 +70,7 @@ class TrainingRun:
     steps_per_epoch: int
     facts: SetupFacts  # what results.json says about the setup
     memory: MemoryWatch  # model states held and predicted, and the peaks: counted at evaluations
+    average: WeightAverage  # what evaluations and the export see where ema_decay asks (training/averaging.py)
     metrics: dict[str, Any] = field(default_factory=dict)  # the last evaluation's row
     confusion_matrix: list[list[int]] = field(default_factory=list)
     last_checkpoint: Path | None = None
@@ -125,6 +127,7 @@ class TrainingRun:
                     if not self.accelerator.sync_gradients:
                         continue
                     self.step_schedule()
+                    self.average.update()
                     self.losses.end_step()
                     state.step += 1
                     self.profiler.step()
@@ -187,7 +190,7 @@ class TrainingRun:
         accelerator, state = self.accelerator, self.progress
         start = time.perf_counter()
         self.memory.count(at_rest=True)  # between steps: before evaluating gathers ZeRO-3's parameters
-        with evaluation_stance(self.config.compile_evaluation):
+        with evaluation_stance(self.config.compile_evaluation), self.average.swapped():
             evaluation = evaluate(
                 self.model, self.data.test, accelerator, self.step.input_dtype, self.described.num_classes
             )
@@ -242,8 +245,9 @@ class TrainingRun:
                                      "input_shape": state.input_shape}  # fmt: skip
             if config.mlp_hidden is not None and state.model == "mlp":
                 extra["mlp_hidden"] = config.mlp_hidden
-            export_prepared(accelerator, self.model, self.run_dir.dir, state.model, state.dataset, extra,
-                            state.transformers_config)  # fmt: skip
+            with self.average.swapped():  # the weights the run's accuracy was measured with
+                export_prepared(accelerator, self.model, self.run_dir.dir, state.model, state.dataset, extra,
+                                state.transformers_config)  # fmt: skip
         results = results_record(
             self.progress,
             self.metrics,

@@ -15,6 +15,7 @@ from ..distributed import consensus
 from ..distributed.compile_threads import compile_threads
 from ..distributed.engine_prewarm import prewarm_engine
 from ..distributed.option_rules import (
+    averaging_refusal,
     buffers_change,
     channels_last_change,
     float_buffers,
@@ -22,12 +23,14 @@ from ..distributed.option_rules import (
 )
 from ..distributed.prepare import prepare
 from ..distributed.strategy import Strategy
+from ..errors import UsageError, on_every_rank
 from ..memory.allocator import settings as allocator_settings
 from ..memory.memory_watch import MemoryWatch, trainable_numels
 from ..memory.plan import PeakPlan
 from ..models import throwaway_copy
 from ..run import checkpoint as ckpt
 from ..run.directory import Plan, RunDir
+from .averaging import WeightAverage, resident_bytes
 from .cadence import Cadence
 from .inputs import OwnData, RunData, RunModel, load_run_data, run_model
 from .loaders import Loaders
@@ -86,23 +89,31 @@ def start_run(
             accelerator, strategy, config, model, data, len(run_data.train), described.input_shape
         )
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
-    peak = peak.with_data_bytes(data.device_bytes())
+    peak = peak.with_data_bytes(data.device_bytes() + resident_bytes(model, config.ema_decay))
     # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
     engine_twin = throwaway_copy(model) if config.prewarm and strategy.runs_engine else None
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, strategy, saved)
     if engine_twin is not None:
-        facts.prewarm_engine_seconds = prewarm_engine(
-            accelerator, engine_twin, config, (config.batch_size, *described.input_shape),
-            lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype, config.label_smoothing),
-        )  # fmt: skip
-        facts.prewarm_seconds += facts.prewarm_engine_seconds
+        _prewarm_engine(accelerator, config, engine_twin, described.input_shape, facts)
         del engine_twin
     memory = MemoryWatch.start(accelerator, config, strategy, numels, model, optimizer, peak)
+    average = WeightAverage.start(accelerator, config.ema_decay, model)  # before a checkpoint's load
     if resume:  # the checkpoint, checked at the plan, into the prepared objects and the RNGs
         ckpt.load_checkpoint(accelerator, resume, rng_states, config.trust_checkpoint)
         accelerator.print(f"resumed from {resume} at step {progress.step}")
     return TrainingRun(accelerator, resolved, stop, run_dir, progress, described, data, model, optimizer,
-                       scheduler, cadence, steps_per_epoch, facts, memory)  # fmt: skip
+                       scheduler, cadence, steps_per_epoch, facts, memory, average)  # fmt: skip
+
+
+def _prewarm_engine(
+    accelerator: Accelerator, config: TrainConfig, twin: nn.Module, input_shape: list[int], facts: SetupFacts
+) -> None:
+    """Step a throwaway DeepSpeed engine on `twin` (distributed/engine_prewarm.py), its seconds in `facts`."""
+    facts.prewarm_engine_seconds = prewarm_engine(
+        accelerator, twin, config, (config.batch_size, *input_shape),
+        lambda m, x, y, dtype: batch_loss(m, x, y, config.channels_last, dtype, config.label_smoothing),
+    )  # fmt: skip
+    facts.prewarm_seconds += facts.prewarm_engine_seconds
 
 
 def _describe(
@@ -120,6 +131,8 @@ def _describe(
     that a `--profile` window fits the run, then describe this run: its strategy, config and length, its
     model and data (`built`)."""
     check_steps(config.profile, total_steps)
+    if config.ema_decay is not None and (why := averaging_refusal(strategy)):
+        raise on_every_rank(UsageError(why))
     if resume:
         # The loss sums for this world size (nothing is loaded yet: a refusal below loses nothing).
         progress.loss_sums = rescale_loss_sums(progress, accelerator.num_processes)

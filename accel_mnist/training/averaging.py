@@ -1,0 +1,108 @@
+"""`ema_decay`: evaluate, checkpoint and export an exponential moving average of the parameters.
+
+After each optimizer step the average moves toward the parameters, `average += w * (param - average)` with
+`w = 1 - min(ema_decay, (1 + n) / (10 + n))` after `n` updates, so that the initial weights stop counting
+within the first steps (the warm-up of timm's ModelEmaV3). Every evaluation runs with the average standing in
+for the parameters (`swapped`), so the metrics, the stop at `stop_at_accuracy`, results.json's accuracy and
+the exported weights are the average's; training goes on from the parameters as trained. A run without
+`ema_decay` holds a `WeightAverage` too, whose update and swap do nothing: the loop asks it alike.
+
+What it costs: an fp32 copy of the trainable parameters on their device for the whole run, and during each
+evaluation a copy of the parameters in their own dtype (`resident_bytes`, which the memory plan adds to the
+peak with the data's bytes, "the data on the device" of its breakdown); one `lerp_` per parameter tensor after
+each optimizer step (outside a captured step's graph).
+The average needs whole parameters on every process: DeepSpeed ZeRO-3 and FSDP shard them, and the run
+refuses it there (distributed/option_rules.py, `averaging_refusal`). Checkpoints hold the average through
+Accelerate's `register_for_checkpointing` (a dict of tensors, which the restricted unpickler loads), so that
+a resumed run continues it exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from ..run.checkpoint_weights import average_in
+
+WARMUP = 10  # the n in (1 + n) / (WARMUP + n)
+
+
+class WeightAverage:
+    """The exponential moving average of `model`'s trainable parameters at `decay` (None: no average)."""
+
+    def __init__(self, model: nn.Module, decay: float | None) -> None:
+        self.decay = decay
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if decay is not None else []
+        # Named as the model's state dict names them (the export's keys), so that a checkpoint's average can
+        # be exported without building the model (export/model_dir.py).
+        self.names = [name for name, _ in named]
+        self.params = [param for _, param in named]
+        self.average = [p.detach().to(torch.float32, copy=True) for p in self.params]
+        self.updates = 0
+
+    @classmethod
+    def start(cls, accelerator: Accelerator, decay: float | None, model: nn.Module) -> WeightAverage:
+        """The run's average of the prepared `model`, saved and loaded with the checkpoints where there is one."""
+        average = cls(accelerator.unwrap_model(model), decay)  # the same tensors, named without the wrappers
+        if decay is not None:
+            accelerator.register_for_checkpointing(average)
+        return average
+
+    def update(self) -> None:
+        """Move the average toward the parameters: after each optimizer step."""
+        if self.decay is None:
+            return
+        self.updates += 1
+        weight = 1.0 - min(self.decay, (1 + self.updates) / (WARMUP + self.updates))
+        with torch.no_grad():
+            for average, param in zip(self.average, self.params, strict=True):
+                average.lerp_(param.detach().to(average.dtype), weight)
+
+    @contextmanager
+    def swapped(self) -> Iterator[None]:
+        """The average in the parameters' place meanwhile (in their dtype), the parameters back afterwards."""
+        if self.decay is None:
+            yield
+            return
+        kept = [param.detach().clone() for param in self.params]
+        with torch.no_grad():
+            for average, param in zip(self.average, self.params, strict=True):
+                param.copy_(average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for kept_param, param in zip(kept, self.params, strict=True):
+                    param.copy_(kept_param)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds: the number of updates and the averaged tensors by parameter name."""
+        return {"updates": self.updates, "average": dict(zip(self.names, self.average, strict=True))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the average a checkpoint holds; a ValueError where it is not this model's."""
+        saved = average_in(state)
+        if saved is None or {k: t.shape for k, t in saved.items()} != dict(zip(self.names, self.shapes(), strict=True)):
+            raise ValueError("its averaged weights (ema_decay) do not fit this model's parameters")
+        with torch.no_grad():
+            for name, average in zip(self.names, self.average, strict=True):
+                average.copy_(saved[name])
+        self.updates = state["updates"]
+
+    def shapes(self) -> list[torch.Size]:
+        """The averaged tensors' shapes, in the parameters' order."""
+        return [t.shape for t in self.average]
+
+
+def resident_bytes(model: nn.Module, decay: float | None) -> int:
+    """Device bytes the average holds besides the model states: its fp32 copy for the whole run, and the
+    parameters' own copy while it stands in for them at an evaluation (counted throughout: a bound)."""
+    if decay is None:
+        return 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    return sum(p.numel() * (4 + p.element_size()) for p in params)
