@@ -173,9 +173,9 @@ H200_SPEED: list[Row] = [
      "parse": "curve", "target": 0.99, "seeds": list(range(20)), "budget": 540},
 ]  # fmt: skip
 
-# Issue 45's fewer steps without compilation: benchmarks/variants.py's models against the registry's BNCNN, each
-# 20 seeds in one process at the uncompiled floor's settings (lr 0.02, cuDNN's search: 0.171 s in
-# h100-2026-12-07-batch), so that a narrower step or an averaged evaluation shows its steps and its time.
+# Issue 45's fewer steps without compilation: benchmarks/variants.py's models and ema_decay's averaged evaluation
+# against the registry's BNCNN, each 20 seeds in one process at the uncompiled floor's settings (lr 0.02, cuDNN's
+# search: 0.171 s in h100-2026-12-07-batch), so that each shows its steps and its time.
 FLOOR = [*REPEAT, "--config", GRAPH_RECIPE, "--seeds", "0-19", "--set", "cudnn_benchmark=true", "--set", "lr=0.02"]
 H200_SPEED += [
     {"name": f"fewer_{name}", "group": "fewer_steps", "what": f"{what}, fast99_graph.yaml in bf16, "
@@ -187,10 +187,12 @@ H200_SPEED += [
         ("width16_lr3", "BNCNN at 16-32-64 channels, lr 0.03", ["--model", "benchmarks.variants:bncnn_16",
                                                                  "--set", "lr=0.03"]),
         ("width24", "BNCNN at 24-48-96 channels, lr 0.02", ["--model", "benchmarks.variants:bncnn_24"]),
-        ("average095", "BNCNN evaluated with a moving average (0.95), lr 0.02", ["--model",
-                                                                         "benchmarks.variants:bncnn_average_095"]),
-        ("average090", "BNCNN evaluated with a moving average (0.90), lr 0.02", ["--model",
-                                                                         "benchmarks.variants:bncnn_average_090"]),
+        ("ema095", "BNCNN evaluated with a moving average of its weights (ema_decay 0.95), lr 0.02",
+         ["--set", "ema_decay=0.95"]),
+        ("ema090", "BNCNN evaluated with a moving average of its weights (ema_decay 0.90), lr 0.02",
+         ["--set", "ema_decay=0.9"]),
+        ("width16_ema095", "BNCNN at 16-32-64 channels, ema_decay 0.95, lr 0.02",
+         ["--model", "benchmarks.variants:bncnn_16", "--set", "ema_decay=0.95"]),
     )
 ]  # fmt: skip
 

@@ -377,31 +377,6 @@ def test_first_launches_times_the_prewarms_operations(tmp_path, capsys):
     assert milliseconds == sorted(milliseconds, reverse=True)
 
 
-def test_the_averaged_model_evaluates_with_the_moving_average_of_its_parameters():
-    import torch
-    from torch.func import functional_call
-
-    from benchmarks.variants import AveragedForEvaluation
-
-    torch.manual_seed(0)
-    inner = torch.nn.Linear(4, 3)
-    model = AveragedForEvaluation(inner, decay=0.5)
-    expected = {name: p.detach().clone() for name, p in inner.named_parameters()}
-    x = torch.randn(2, 4)
-    for n in range(1, 4):  # the average takes the parameters at the start of each training forward
-        weight = 1 - min(0.5, (1 + n) / (10 + n))
-        for name, p in inner.named_parameters():
-            expected[name] += weight * (p.detach() - expected[name])
-        model.train()(x).sum().backward()
-        with torch.no_grad():
-            for p in inner.parameters():
-                p -= 0.1 * p.grad
-    averaged = model.eval()(x)
-    torch.testing.assert_close(averaged, functional_call(inner, expected, (x,)))
-    assert not torch.allclose(averaged, inner(x))  # not the model's own, trained parameters
-    assert model.updates.item() == 3
-
-
 def test_the_width_variants_are_bncnn_at_other_widths():
     from benchmarks import variants
 
