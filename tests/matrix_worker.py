@@ -249,6 +249,8 @@ def check_groups(
     with ThreadPoolExecutor(parallel) as pool:
         for label, group, outcomes in pool.map(one, groups):
             seen[label] = outcomes
+            if "launch" in outcomes:  # why every cell is missing: the launch's own failure, first
+                wrong.append(f"{label} launch: {outcomes['launch']['lines'][0][-2000:]}")
             wrong += [f"{label} {line}" for line in mismatches(table, group, device, outcomes)]
             if record is not None:  # as each group ends: a run cut short keeps what it saw
                 record.write_text(json.dumps({"seen": seen, "wrong": wrong}, indent=1))
