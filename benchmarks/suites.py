@@ -193,6 +193,9 @@ H200_SPEED += [
          ["--set", "ema_decay=0.9"]),
         ("width16_ema095", "BNCNN at 16-32-64 channels, ema_decay 0.95, lr 0.02",
          ["--model", "benchmarks.variants:bncnn_16", "--set", "ema_decay=0.95"]),
+        ("ema095_max150", "BNCNN, ema_decay 0.95, onecycle over 150 steps, lr 0.02",
+         ["--set", "ema_decay=0.95", "--set", "max_steps=150"]),
+        ("ema095_lr3", "BNCNN, ema_decay 0.95, lr 0.03", ["--set", "ema_decay=0.95", "--set", "lr=0.03"]),
     )
 ]  # fmt: skip
 
