@@ -14,7 +14,7 @@ each optimizer step (outside a captured step's graph).
 The average needs whole parameters on every process: DeepSpeed ZeRO-3 and FSDP shard them, and the run
 refuses it there (distributed/option_rules.py, `averaging_refusal`). Checkpoints hold the average through
 Accelerate's `register_for_checkpointing` (a dict of tensors, which the restricted unpickler loads), so that
-a resumed run continues it exactly.
+a resumed run continues it exactly. What it buys in steps: docs/measurements.md#trainingaveragingpy.
 """
 
 from __future__ import annotations
