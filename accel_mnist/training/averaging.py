@@ -29,7 +29,7 @@ from torch import nn
 
 from ..run.checkpoint_weights import average_in
 
-WARMUP = 10  # the n in (1 + n) / (WARMUP + n)
+WARMUP = 10  # the 10 of (1 + n) / (10 + n): how many updates the decay takes to reach ema_decay
 
 
 class WeightAverage:
