@@ -17,7 +17,7 @@ def full_state_dict(accelerator: Any, model: nn.Module, strategy: Strategy | Non
     Call it on every process: under ZeRO-3 it gathers the shards, a collective operation.
     """
     strategy = strategy or Strategy.of(accelerator)
-    module = _unwrapped(accelerator, model, strategy)
+    module = unwrapped(accelerator, model, strategy)
     if strategy.runs_engine:
         return _deepspeed_state_dict(module)
     if strategy.kind == "FSDP":
@@ -33,7 +33,7 @@ def full_state_dict(accelerator: Any, model: nn.Module, strategy: Strategy | Non
     return fp32_cpu(module.state_dict())
 
 
-def _unwrapped(accelerator: Any, model: nn.Module, strategy: Strategy) -> nn.Module:
+def unwrapped(accelerator: Any, model: nn.Module, strategy: Strategy) -> nn.Module:
     """What accelerator.unwrap_model(model, keep_torch_compile=False) gives, without its cost
     where the wrapper is known: accelerate 1.15 imports deepspeed on every unwrap where it is
     installed, to test for its engine (measured: docs/measurements.md#distributedgatherpy)."""

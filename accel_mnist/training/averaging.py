@@ -27,9 +27,11 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from ..distributed.gather import unwrapped
+from ..distributed.strategy import Strategy
 from ..run.checkpoint_weights import average_in
 
-WARMUP = 10  # the 10 of (1 + n) / (10 + n): how many updates the decay takes to reach ema_decay
+WARMUP = 10  # the 10 of (1 + n) / (10 + n): the larger, the longer the decay stays below ema_decay
 
 
 class WeightAverage:
@@ -48,9 +50,11 @@ class WeightAverage:
     @classmethod
     def start(cls, accelerator: Accelerator, decay: float | None, model: nn.Module) -> WeightAverage:
         """The run's average of the prepared `model`, saved and loaded with the checkpoints where there is one."""
-        average = cls(accelerator.unwrap_model(model), decay)  # the same tensors, named without the wrappers
-        if decay is not None:
-            accelerator.register_for_checkpointing(average)
+        if decay is None:
+            return cls(model, None)
+        # The same tensors, named without the wrappers (and without importing deepspeed where none runs).
+        average = cls(unwrapped(accelerator, model, Strategy.of(accelerator)), decay)
+        accelerator.register_for_checkpointing(average)
         return average
 
     def update(self) -> None:

@@ -54,7 +54,8 @@ def run_copy(single_run, synthetic_mnist, tmp_path) -> tuple[Path, Path, TrainCo
 
 
 SINGLE_FILES = ["optimizer.bin", "scheduler.bin", "random_states_0.pkl", "model.safetensors",
-                # not written by this project, but read by load_state when present
+                # ema_decay's average (training/averaging.py); then files this project does not write, but
+                # load_state reads when present
                 "custom_checkpoint_0.pkl", "sampler.bin", "scaler.pt"]  # fmt: skip
 
 
