@@ -83,6 +83,13 @@ class Setup:
         return "DDP" if self.num_processes > 1 else "one process"
 
 
+def average_bytes(numels: Sequence[int], weight_size: int = FP32) -> int:
+    """Device bytes per process of ema_decay's average of the weights (training/averaging.py): its fp32 copy of
+    each parameter for the whole run, and the parameters' own copy (`weight_size` bytes an element) while the
+    average stands in for them at an evaluation, counted throughout as a bound. Whole on every process."""
+    return sum(numels) * (FP32 + weight_size)
+
+
 def predict(numels: Sequence[int], setup: Setup) -> dict[str, int]:
     """Bytes per process by kind (KINDS) for trainable parameter tensors of `numels` elements.
 

@@ -56,6 +56,7 @@ class PeakInputs:
     train_activation_bytes: int
     eval_activation_bytes: int
     data_bytes: int = 0  # what the data loader holds on the device (the whole splits, or nothing)
+    average_bytes: int = 0  # ema_decay's average of the weights and the copy it swaps out (training/averaging.py)
     cast_numel: int = 0  # elements of the weights autocast casts (Linear, Conv): its cache while autocast runs
     convolves: bool = False
     optimizer: str = "adam"
@@ -84,7 +85,7 @@ def phases(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> dict[str,
     states = predict(numels, setup)
     params, grads, optim = (states[k] for k in KINDS[:3])
     temp = 0 if setup.offload_optimizer else STEP_TEMPORARIES.get(inputs.optimizer, 1) * FP32 * psi // n
-    base = inputs.data_bytes + (WORKSPACES if setup.on_accelerator else 0)
+    base = inputs.data_bytes + inputs.average_bytes + (WORKSPACES if setup.on_accelerator else 0)
     base += CONV_WORKSPACE if inputs.convolves and setup.on_accelerator else 0
     act, act_eval = inputs.train_activations, inputs.eval_activation_bytes
     rest = params + optim
@@ -156,6 +157,8 @@ def _remedy(part: str) -> str:
     return {
         "the evaluation batch": f"a smaller {setting('eval_batch_size')}",
         "the data on the device": f"{setting('data_loader', 'torch')} (the images stay in host memory)",
+        "the average of the weights": f"no {setting('ema_decay')} (its fp32 copy of every parameter is whole on each "
+        "process)",
         "the model states": "a strategy that shards or offloads them (accel-mnist estimate --fits names them)",
         "the strategy's buffers": "a smaller reduce_bucket_size or stage3_max_live_parameters in the DeepSpeed config",
         "one sample's activations": "a smaller model or 16-bit precision",
@@ -174,6 +177,7 @@ def largest_parts(numels: Sequence[int], setup: Setup, inputs: PeakInputs) -> tu
     workspaces = (WORKSPACES + (CONV_WORKSPACE if inputs.convolves else 0)) if setup.on_accelerator else 0
     held = {
         "the data on the device": inputs.data_bytes,
+        "the average of the weights": inputs.average_bytes,
         "the CUDA workspaces": workspaces,
         "the model states": sum(states[k] for k in kept),
     }

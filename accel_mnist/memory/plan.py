@@ -68,11 +68,13 @@ class PeakPlan:
         """The plan with no number, and `why` ("cannot predict: ...") in its place; the trace stays beside it."""
         return replace(self, inputs=None, unpredicted=why)
 
-    def with_data_bytes(self, data_bytes: int) -> PeakPlan:
-        """The plan with what the data loader really holds on the device."""
+    def with_data_bytes(self, data_bytes: int, average_bytes: int = 0) -> PeakPlan:
+        """The plan with what the data loader really holds on the device, and ema_decay's average beside it."""
 
         def fix(inputs: PeakInputs | None) -> PeakInputs | None:
-            return replace(inputs, data_bytes=data_bytes) if inputs is not None else None
+            if inputs is None:
+                return None
+            return replace(inputs, data_bytes=data_bytes, average_bytes=average_bytes)
 
         return replace(self, inputs=fix(self.inputs), trace=fix(self.trace))
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from ..errors import UsageError
 from ..memory.activations import Untraceable
 from ..memory.estimate import MNIST_DEVICE_BYTES, estimate, meta_model, probe_inputs, trace_inputs
-from ..memory.model_states import KINDS, PERSISTENCE_THRESHOLD, STRATEGIES, format_bytes
+from ..memory.model_states import KINDS, PERSISTENCE_THRESHOLD, STRATEGIES, average_bytes, format_bytes
 from ..memory.peak import PeakInputs
 from ..memory.peak_inputs import TRACE_ERRORS, not_on_meta
 from .tables import text_table
@@ -139,12 +140,40 @@ def _probed(
     return numels, what, peak, gpu_capacity(args.fits) if args.fits is not None else None, sharded
 
 
+def _averaged_strategies(args: argparse.Namespace, strategies: list[str] | None) -> list[str] | None:
+    """The strategies to estimate: with --ema-decay, those that keep the parameters whole on each process (ZeRO-3
+    and FSDP refuse ema_decay, as a run does: distributed/option_rules.py), said on stderr."""
+    if args.ema_decay is None:
+        return strategies
+    if not 0.0 < args.ema_decay < 1.0:
+        raise UsageError(f"--ema-decay: must be in (0, 1), got {args.ema_decay}")
+    asked = strategies or list(STRATEGIES)
+    refused = [n for n in asked if STRATEGIES[n].get("zero_stage") == 3 or STRATEGIES[n]["family"] == "fsdp"]
+    kept = [n for n in asked if n not in refused]
+    if not kept:
+        verb = "shards" if len(refused) == 1 else "shard"
+        raise UsageError(f"--ema-decay: {', '.join(refused)} {verb} the parameters, and the average needs them whole")
+    if refused:
+        print(f"--ema-decay: {', '.join(refused)} left out: they shard the parameters, and a run refuses the "
+              "average there", file=sys.stderr)  # fmt: skip
+    return kept
+
+
+def _with_average(args: argparse.Namespace, numels: list[int], peak: PeakInputs | None) -> PeakInputs | None:
+    """The peak's inputs with --ema-decay's average on each process (the fp32 weights a run builds it from)."""
+    if peak is None or args.ema_decay is None:
+        return peak
+    return replace(peak, average_bytes=average_bytes(numels))
+
+
 def _estimate(args: argparse.Namespace) -> int:
     numels, what, peak, capacity, sharded_peak = _model_and_peak(args)
     strategies = args.strategy.split(",") if args.strategy else None
     unknown = sorted(set(strategies or []) - set(STRATEGIES))
     if unknown:
         raise UsageError(f"--strategy {','.join(unknown)}: not one of {', '.join(STRATEGIES)}")
+    strategies = _averaged_strategies(args, strategies)
+    peak, sharded_peak = _with_average(args, numels, peak), _with_average(args, numels, sharded_peak)
     common = {"num_processes": args.num_processes, "num_nodes": args.num_nodes,
               "mixed_precision": args.mixed_precision, "optimizer": args.optimizer, "momentum": args.momentum,
               "on_accelerator": not args.cpu, "persistence_threshold": args.persistence_threshold,
@@ -162,12 +191,13 @@ def _estimate(args: argparse.Namespace) -> int:
             except UsageError as exc:  # no copy fits at that batch, or its points bend: the last answer stands
                 print(f"the largest batches are extrapolated from smaller ones: at batch {top}, {exc}", file=sys.stderr)
                 break
+            peak, sharded_peak = _with_average(args, numels, peak), _with_average(args, numels, sharded_peak)
             rows = estimate(numels, peak=peak, sharded_peak=sharded_peak, **common)
     if args.json:
         facts = {"num_parameters": sum(numels), "num_processes": args.num_processes, "num_nodes": args.num_nodes,
                  "mixed_precision": args.mixed_precision, "optimizer": args.optimizer, "on_accelerator": not args.cpu,
                  "batch_size": args.batch_size, "eval_batch_size": args.eval_batch_size,
-                 "capacity_bytes": capacity}  # fmt: skip
+                 "capacity_bytes": capacity, "ema_decay": args.ema_decay}  # fmt: skip
         print(json.dumps({**facts, "per_process": rows}, indent=2, sort_keys=True))
         return 0
     peak_column = f", then the peak allocated on the GPU at batch {args.batch_size}" if peak is not None else ""
@@ -226,6 +256,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         help="measure the activations on the visible GPU (a copy of the model at three small "
                         "batches) instead of tracing them on the meta device; --fits without BYTES probes "
                         "too")  # fmt: skip
+    parser.add_argument("--ema-decay", type=float, default=None, metavar="D",
+                        help="the run's ema_decay: its average of the weights counts in each peak (whole on every "
+                        "process; ZeRO-3 and FSDP refuse it)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.set_defaults(handler=_estimate)
     return parser

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..distributed.gather import unwrapped
 from ..distributed.strategy import Strategy
+from ..memory.model_states import average_bytes
 from ..run.checkpoint_weights import average_in
 
 WARMUP = 10  # the 10 of (1 + n) / (10 + n): the larger, the longer the decay stays below ema_decay
@@ -108,5 +109,4 @@ def resident_bytes(model: nn.Module, decay: float | None) -> int:
     parameters' own copy while it stands in for them at an evaluation (counted throughout: a bound)."""
     if decay is None:
         return 0
-    params = [p for p in model.parameters() if p.requires_grad]
-    return sum(p.numel() * (4 + p.element_size()) for p in params)
+    return sum(average_bytes([p.numel()], p.element_size()) for p in model.parameters() if p.requires_grad)

@@ -63,13 +63,15 @@ def plan_memory(
 
     shape = tuple(run_data.train.input_shape)
     # What the run holds on the device besides the model states: the data, and ema_decay's average.
-    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test]) + resident_bytes(model, config.ema_decay)
+    data_bytes = planned_data_bytes(config, [run_data.train, run_data.test])
+    average_bytes = resident_bytes(model, config.ema_decay)
 
     def probe_at(batch: int | None) -> PeakPlan:
         if refusal is not None:
             return PeakPlan().refused(refusal)
         batches = probe_batches(batch, limit=batch) if batch else None
-        return plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, batches, examples)
+        planned = plan_peak(accelerator, config, strategy, model, shape, data_bytes, loss, batches, examples)
+        return planned.with_data_bytes(data_bytes, average_bytes)
 
     plan = probe_at(None)
     if auto:

@@ -89,7 +89,7 @@ def start_run(
             accelerator, strategy, config, model, data, len(run_data.train), described.input_shape
         )
     numels = trainable_numels(model)  # before prepare, which may shard the parameters
-    peak = peak.with_data_bytes(data.device_bytes() + resident_bytes(model, config.ema_decay))
+    peak = peak.with_data_bytes(data.device_bytes(), resident_bytes(model, config.ema_decay))
     # DeepSpeed's step launches kernels of its own: a throwaway engine on this copy loads them.
     engine_twin = throwaway_copy(model) if config.prewarm and strategy.runs_engine else None
     model, optimizer, scheduler = prepare(accelerator, config, model, total_steps, steps_per_epoch, strategy, saved)

@@ -141,7 +141,23 @@ def test_estimate_takes_a_model_by_import_path(capsys):
     assert printed["per_process"]["ddp"]["peak_allocated_bytes"] > MNIST_DEVICE_BYTES
 
 
+def test_estimate_with_ema_decay_adds_the_average_where_a_run_keeps_it_and_leaves_out_where_it_refuses(capsys):
+    argv = ["estimate", "--model", "tests.unit.test_peak:tiny_model", "--json"]
+    assert main(argv) == 0
+    without = json.loads(capsys.readouterr().out)["per_process"]
+    assert main([*argv, "--ema-decay", "0.95"]) == 0
+    out = capsys.readouterr()
+    averaged = json.loads(out.out)["per_process"]
+    assert set(averaged) == {"ddp", "zero1", "zero2", "zero2_offload"}  # ZeRO-3 and FSDP shard the parameters
+    assert "zero3, zero3_offload, fsdp, fsdp_offload left out" in out.err
+    numel = 784 * 32 + 32 + 32 * 10 + 10
+    for name, row in averaged.items():  # an fp32 average and the fp32 weights it swaps out at an evaluation
+        assert row["peak_allocated_bytes"] - without[name]["peak_allocated_bytes"] == numel * (4 + 4)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--model", "bncnn", "--ema-decay", "1.5"], "--ema-decay: must be in (0, 1), got 1.5"),
+    (["--model", "bncnn", "--ema-decay", "0.9", "--strategy", "zero3"], "--ema-decay: zero3 shards the parameters"),
     (["--parameters", "1e9", "--fits", "8e9"], "--fits needs --model"),
     (["--model", "bncnn", "--fits", "lots"], "--fits: expected a number of bytes"),
     (["--model", "no_such_module:build"], "--model no_such_module:build: cannot import it"),
@@ -301,6 +317,7 @@ def test_fsdp_activation_checkpointing_is_not_predicted_and_the_probe_never_runs
     ({"eval_activation_bytes": 3 << 30}, "the evaluation", "a smaller eval_batch_size"),
     ({"data_bytes": 3 << 30}, "the training step", "data_loader=\"torch\" (the images stay in host memory)"),
     ({"train_activation_bytes": 3 << 30, "traced_batch": 1}, "the training step", "a smaller model"),
+    ({"average_bytes": 3 << 30}, "the training step", "no ema_decay (its fp32 copy"),
 ])  # fmt: skip
 def test_the_line_where_nothing_fits_names_what_takes_the_room(changes, moment, remedy):
     inputs = replace(PeakInputs(train_activation_bytes=MIB, eval_activation_bytes=MIB), **changes)
