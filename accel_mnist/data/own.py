@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from ..errors import DataError, UsageError
 from .placement import copy_fits
 from .tensor_dataset import ImageTensorDataset, Normaliser, PixelStats, Split, Splits, check_normalisation
+from .worker_threads import WorkerThreads
 
 __all__ = ["ItemDataset", "ItemSplit", "own_splits"]
 
@@ -192,14 +193,19 @@ def _read(
     images = torch.empty((n, *shape), dtype=torch.uint8 if kind == "uint8" else torch.float32) if keep else None
     labels = torch.empty(n, dtype=torch.int64)
     count = 0
-    for index, item in enumerate(_items(dataset, num_workers)):
-        image, labels[index] = _item(item, where, index)
-        image = _pixels(image, where, index, shape, kind)
-        if images is not None:
-            images[index] = image
-        if stats is not None:
-            stats.add(image)
-        count += 1
+    threads = WorkerThreads() if num_workers > 0 else None
+    try:
+        for index, item in enumerate(_items(dataset, num_workers)):
+            image, labels[index] = _item(item, where, index)
+            image = _pixels(image, where, index, shape, kind)
+            if images is not None:
+                images[index] = image
+            if stats is not None:
+                stats.add(image)
+            count += 1
+    finally:  # the next split's workers fork next (data/worker_threads.py)
+        if threads is not None:
+            threads.settle()
     if count != n:
         raise DataError(f"{where}: len() says {n} items but {count} came")
     return images, labels

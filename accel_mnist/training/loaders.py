@@ -19,6 +19,7 @@ from ..config import TrainConfig
 from ..data.device_loader import DeviceLoader
 from ..data.order import EpochSampler
 from ..data.placement import choose_data_loader
+from ..data.worker_threads import WorkerThreads
 from ..distributed.consensus import agree
 
 
@@ -35,6 +36,8 @@ class Loaders:
         votes = accelerator.gather(torch.tensor([kind == "device"], device=accelerator.device))
         self.kind = "device" if bool(votes.all()) else "torch"
         self.accelerator = accelerator
+        self.threads: WorkerThreads | None = None  # the torch path's with workers (close waits them out)
+        self.skipping: Any = None  # the loader that resumes mid-epoch, kept until close (its workers persist)
         if self.kind == "device":
             common = {"device": accelerator.device, "num_processes": accelerator.num_processes,
                       "process_index": accelerator.process_index}  # fmt: skip
@@ -51,6 +54,7 @@ class Loaders:
         # each fork costs more than its time). The loader's own generator only seeds the
         # workers, and keeps the global RNG out of it.
         self.sampler = EpochSampler(len(train_set), config.seed)
+        self.threads = WorkerThreads() if config.num_workers > 0 else None
         train = DataLoader(train_set, batch_size=config.batch_size, sampler=self.sampler,
                            generator=torch.Generator().manual_seed(config.seed), num_workers=config.num_workers,
                            persistent_workers=config.num_workers > 0)  # fmt: skip
@@ -62,12 +66,15 @@ class Loaders:
         self.train, self.test = accelerator.prepare(train, test)
 
     def close(self) -> None:
-        """End the torch path's worker processes now. Left to some later garbage collection,
-        the threads that feed their queues would end while the process goes on, perhaps while it forks the
-        workers of its next run: a fork that CPython before python/cpython#112275's fix can deadlock."""
+        """End the torch path's worker processes now, and wait out the threads that fed them
+        (data/worker_threads.py): left to some later garbage collection, they would end while the process
+        goes on, perhaps while it forks the workers of its next run, a fork that CPython before
+        python/cpython#112275's fix can deadlock."""
         # The last references once the Accelerator let go of them (free_memory): their iterators shut the
         # workers down as they are freed.
-        self.train = self.test = None
+        self.train = self.test = self.skipping = None
+        if self.threads is not None:
+            self.threads.settle()
 
     def device_bytes(self) -> int:
         """Bytes the loaders hold on the device for the whole run: both splits on the device path, else 0."""
@@ -96,4 +103,8 @@ class Loaders:
         # iteration; set here, both say `epoch`, also in the loader that skips for a resume.
         self.train.set_epoch(epoch)
         self.sampler.set_epoch(epoch)
-        return self.accelerator.skip_first_batches(self.train, skip) if skip else self.train
+        if not skip:
+            return self.train
+        # Held here until close: dropped at the epoch's end, its workers' feeder threads would end mid-run.
+        self.skipping = self.accelerator.skip_first_batches(self.train, skip)
+        return self.skipping
