@@ -32,6 +32,8 @@ class SetupFacts:
     prewarm_seconds: float = 0.0
     prewarm_engine_seconds: float | None = None  # DeepSpeed's throwaway engine, where it ran
     compile_threads: str | None = None  # TORCHINDUCTOR_COMPILE_THREADS, where dynamo is on
+    # ema_decay, where the run evaluated (and exports) an average of its weights: the metrics are the average's.
+    ema_decay: float | None = None
     changes: list[str] = field(default_factory=list)
 
     def fields(self) -> dict[str, Any]:
@@ -45,6 +47,8 @@ class SetupFacts:
             out["prewarm_engine_seconds"] = self.prewarm_engine_seconds
         if self.compile_threads is not None:
             out["compile_threads"] = self.compile_threads
+        if self.ema_decay is not None:
+            out["ema_decay"] = self.ema_decay
         return out
 
 

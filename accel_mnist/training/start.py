@@ -154,7 +154,8 @@ def _setup_facts(
                        global_batch_size=resolved.global_batch_size, strategy=strategy.fields(),
                        data_loader=data.kind, allocator_settings=allocator_settings(),
                        probe_seconds=peak.probe_seconds, versions=versions(),
-                       compile_threads=compile_threads() if strategy.dynamo != "no" else None)  # fmt: skip
+                       compile_threads=compile_threads() if strategy.dynamo != "no" else None,
+                       ema_decay=config.ema_decay)  # fmt: skip
     if config.channels_last and (line := channels_last_change(strategy)):
         tell_change(accelerator, facts.changes, line)
     if line := buffers_change(strategy, float_buffers(built.module)):

@@ -40,6 +40,7 @@ def test_a_resumed_run_continues_the_average_and_exports_it(synthetic_mnist, tmp
     from_checkpoint = load_file(again / "model.safetensors")
     assert all(torch.equal(exported[k], from_checkpoint[k]) for k in exported)
     assert results["test_accuracy"] == _rows(first)[-1]["test_accuracy"]
+    assert results["ema_decay"] == 0.8  # results.json says whose accuracy it is
 
 
 def test_a_resume_that_adds_or_drops_the_average_is_refused(synthetic_mnist, tmp_path):
