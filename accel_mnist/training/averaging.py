@@ -8,9 +8,9 @@ the exported weights are the average's; training goes on from the parameters as 
 `ema_decay` holds a `WeightAverage` too, whose update and swap do nothing: the loop asks it alike.
 
 What it costs: an fp32 copy of the trainable parameters on their device for the whole run, and during each
-evaluation a copy of the parameters in their own dtype (`resident_bytes`, which the memory plan adds to the
-peak with the data's bytes, "the data on the device" of its breakdown); one `lerp_` per parameter tensor after
-each optimizer step (outside a captured step's graph).
+evaluation a copy of the parameters in their own dtype (`resident_bytes`: a part of every predicted peak, "the
+average of the weights" of its breakdown, and of `accel-mnist estimate --ema-decay`); one `lerp_` per parameter
+tensor after each optimizer step (outside a captured step's graph).
 The average needs whole parameters on every process: DeepSpeed ZeRO-3 and FSDP shard them, and the run
 refuses it there (distributed/option_rules.py, `averaging_refusal`). Checkpoints hold the average through
 Accelerate's `register_for_checkpointing` (a dict of tensors, which the restricted unpickler loads), so that
