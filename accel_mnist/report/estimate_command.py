@@ -205,6 +205,10 @@ def _estimate(args: argparse.Namespace) -> int:
           f"{args.mixed_precision}, {args.optimizer}; bytes per process in GiB, host memory per node"
           f"{peak_column}")  # fmt: skip
     print(table(rows))
+    if args.ema_decay is not None:  # beside the model states, whole on every process
+        where = "counted in each peak" if peak is not None else "not in the columns above"
+        print(f"ema_decay's average of the weights: {format_bytes(average_bytes(numels))} per process more on the "
+              f"device ({where})")  # fmt: skip
     if capacity is not None and peak is None:
         print(f"fits in {format_bytes(capacity)}: not answered, no peak is predicted for this model (the line above)")
     elif capacity is not None:

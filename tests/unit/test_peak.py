@@ -153,6 +153,8 @@ def test_estimate_with_ema_decay_adds_the_average_where_a_run_keeps_it_and_leave
     numel = 784 * 32 + 32 + 32 * 10 + 10
     for name, row in averaged.items():  # an fp32 average and the fp32 weights it swaps out at an evaluation
         assert row["peak_allocated_bytes"] - without[name]["peak_allocated_bytes"] == numel * (4 + 4)
+    assert main(["estimate", "--parameters", "1e9", "--ema-decay", "0.95"]) == 0  # no peak: the line says so
+    assert "average of the weights: 7.45 GiB per process more on the device (not in" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
