@@ -3,9 +3,9 @@
 A DataLoader with worker processes feeds each worker's index queue through a thread of its own
 (multiprocessing's "QueueFeederThread"). When an iterator shuts its workers down it closes those
 queues without joining their threads, which end on their own a moment later. A fork in that moment
-(the next loader's workers) can deadlock the child on CPython before python/cpython#112275's fix
-(3.11 and older): the ending thread holds the interpreter's thread-list lock, and the child inherits
-it locked. In CI a ZeRO-3 cell that trains, then resumes in the same process, hung so: its second
+(the next loader's workers) can deadlock the child on a CPython without python/cpython#112275's fix
+(CI's 3.11.7 among them): the ending thread holds the interpreter's thread-list lock, and the child
+inherits it locked. In CI a ZeRO-3 cell that trains, then resumes in the same process, hung so: its second
 process still had a feeder thread after its first run returned (an iterator held in a reference
 cycle, shut down only at some later collection, at any moment of the next run), and one of its
 evaluations never reached the gather the other process waited in.
