@@ -9,8 +9,11 @@ the exported weights are the average's; training goes on from the parameters as 
 
 What it costs: an fp32 copy of the trainable parameters on their device for the whole run, and during each
 evaluation a copy of the parameters in their own dtype (`resident_bytes`: a part of every predicted peak, "the
-average of the weights" of its breakdown, and of `accel-mnist estimate --ema-decay`); one `lerp_` per parameter
-tensor after each optimizer step (outside a captured step's graph).
+average of the weights" of its breakdown, and of `accel-mnist estimate --ema-decay`). After each optimizer step
+(outside a captured step's graph) an update of fp32 parameters is two kernels, whatever their number: the
+average is one flat buffer per device, the parameters are concatenated into a temporary of their size (the
+same bytes as the evaluation's copy, already in the bound) and one `lerp_` moves it; parameters in another
+dtype are moved one `lerp_` each, through an fp32 copy of one tensor at a time.
 The average needs whole parameters on every process: DeepSpeed ZeRO-3 and FSDP shard them, and the run
 refuses it there (distributed/option_rules.py, `averaging_refusal`). Checkpoints hold the average through
 Accelerate's `register_for_checkpointing` (a dict of tensors, which the restricted unpickler loads), so that
@@ -45,7 +48,7 @@ class WeightAverage:
         # be exported without building the model (export/model_dir.py).
         self.names = [name for name, _ in named]
         self.params = [param for _, param in named]
-        self.average = [p.detach().to(torch.float32, copy=True) for p in self.params]
+        self.flats, self.average = _flat_average(self.params)
         self.updates = 0
 
     @classmethod
@@ -65,8 +68,13 @@ class WeightAverage:
         self.updates += 1
         weight = 1.0 - min(self.decay, (1 + self.updates) / (WARMUP + self.updates))
         with torch.no_grad():
-            for average, param in zip(self.average, self.params, strict=True):
-                average.lerp_(param.detach().to(average.dtype), weight)
+            for flat, indices in self.flats:
+                params = [self.params[i].detach() for i in indices]
+                if params[0].dtype == flat.dtype:
+                    flat.lerp_(torch.cat([_in_memory_order(p).reshape(-1) for p in params]), weight)
+                    continue
+                for i, param in zip(indices, params, strict=True):
+                    self.average[i].lerp_(param.to(flat.dtype), weight)
 
     @contextmanager
     def swapped(self) -> Iterator[None]:
@@ -102,6 +110,40 @@ class WeightAverage:
     def shapes(self) -> list[torch.Size]:
         """The averaged tensors' shapes, in the parameters' order."""
         return [t.shape for t in self.average]
+
+
+def _flat_average(params: list[nn.Parameter]) -> tuple[list[tuple[torch.Tensor, list[int]]], list[torch.Tensor]]:
+    """fp32 copies of `params`: one flat buffer per device and dtype (with the indices of its parameters),
+    and each parameter's copy as a view of its buffer, in the parameters' order."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, param in enumerate(params):
+        groups.setdefault((param.device, param.dtype), []).append(i)
+    flats, average = [], [torch.empty(0)] * len(params)
+    for indices in groups.values():
+        flat = torch.cat([_in_memory_order(params[i].detach()).reshape(-1).to(torch.float32) for i in indices])
+        offset = 0
+        for i in indices:
+            ordered, order = _in_memory_order(params[i]), _memory_order(params[i])
+            view = flat[offset : offset + ordered.numel()].view(ordered.shape)
+            # Back in the parameter's dimension order: the same strides, so that a channels-last
+            # weight's average is channels-last too and the copies between them are plain.
+            average[i] = view.permute([order.index(d) for d in range(view.dim())])
+            offset += ordered.numel()
+        flats.append((flat, indices))
+    return flats, average
+
+
+def _memory_order(tensor: torch.Tensor) -> list[int]:
+    """`tensor`'s dimensions from the outermost in memory to the innermost (a channels-last weight's
+    0, 2, 3, 1), ties in their own order."""
+    strides = tensor.stride()
+    return sorted(range(tensor.dim()), key=lambda d: -strides[d])
+
+
+def _in_memory_order(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` with its dimensions permuted to their memory order: a view, contiguous where `tensor` is
+    dense (any parameter an optimizer steps), so that flattening it copies nothing."""
+    return tensor.permute(_memory_order(tensor))
 
 
 def resident_bytes(model: nn.Module, decay: float | None) -> int:

@@ -10,6 +10,7 @@ from torch import nn
 from accel_mnist.config import ConfigError, TrainConfig
 from accel_mnist.distributed.option_rules import averaging_refusal
 from accel_mnist.distributed.strategy import Strategy
+from accel_mnist.models import BNCNN
 from accel_mnist.training.averaging import WeightAverage, resident_bytes
 
 
@@ -33,6 +34,39 @@ def test_the_average_moves_toward_the_parameters_with_the_warm_up_weight():
         torch.testing.assert_close(got, want)
     assert average.updates == 5
     assert average.names == ["0.weight", "0.bias", "2.weight", "2.bias"]  # the state dict's names
+
+
+def test_an_update_of_fp32_parameters_is_one_cat_and_one_lerp_whatever_their_number():
+    model = BNCNN().to(memory_format=torch.channels_last)  # eleven parameter tensors, three channels-last
+    average = WeightAverage(model, 0.9)
+    expected = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        average.update()
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert (calls.get("aten::lerp_"), calls.get("aten::cat"), calls.get("aten::copy_", 0)) == (1, 1, 0)
+    weight = 1 - min(0.9, 2 / 11)
+    for got, e, p in zip(average.average, expected, model.parameters(), strict=True):
+        assert torch.equal(got, e.lerp_(p.detach(), weight))  # the per-tensor arithmetic, bit for bit
+
+
+def test_each_average_has_its_parameter_s_shape_and_layout_over_mixed_dtypes():
+    model = BNCNN().to(memory_format=torch.channels_last)
+    model.fc.to(torch.bfloat16)  # a second dtype: a buffer of its own, moved one tensor at a time
+    average = WeightAverage(model, 0.5)
+    assert len(average.flats) == 2
+    for p, a in zip(model.parameters(), average.average, strict=True):
+        assert a.dtype == torch.float32 and a.shape == p.shape
+        assert all(s == t for s, t, n in zip(a.stride(), p.stride(), p.shape, strict=True) if n > 1)
+        assert torch.equal(a, p.float())
+    before = model.fc.weight.float()
+    with torch.no_grad():
+        model.fc.weight.add_(1.0)
+    average.update()
+    weight = 1 - min(0.5, 2 / 11)
+    assert torch.equal(average.average[-2], before.lerp(model.fc.weight.float(), weight))
 
 
 def test_swapped_puts_the_average_in_and_the_parameters_back_exactly():
