@@ -200,6 +200,12 @@ H200_SPEED += [
         # clock, so the command pays for them instead (its wall and eval_seconds say how much).
         ("ema095_eval5", "BNCNN, ema_decay 0.95, an evaluation every 5 steps, lr 0.02",
          ["--set", "ema_decay=0.95", "--set", "eval_every=5"]),
+        # Pooling before BatchNorm and ReLU: they see a quarter of the elements (the eager step's
+        # channels-last BatchNorm is among its costliest kernels); a different model, so its steps count too.
+        ("pool_first", "BNCNN with conv, pool, BatchNorm, ReLU blocks, lr 0.02",
+         ["--model", "benchmarks.variants:bncnn_pool_first"]),
+        ("pool_first_ema095_eval5", "the same, ema_decay 0.95, an evaluation every 5 steps, lr 0.02",
+         ["--model", "benchmarks.variants:bncnn_pool_first", "--set", "ema_decay=0.95", "--set", "eval_every=5"]),
     )
 ]  # fmt: skip
 
