@@ -38,7 +38,10 @@ class TrainConfig:
 
     model: str = field(
         default="cnn",
-        metadata={"cells": ("linear", "mlp", "lenet5", "bncnn"), "help": "linear, mlp, cnn, lenet5 or bncnn"},
+        metadata={
+            "cells": ("linear", "mlp", "lenet5", "bncnn"),
+            "help": "linear, mlp, cnn, lenet5, bncnn or bncnn_pool",
+        },
     )
     mlp_hidden: str | None = field(
         default=None,

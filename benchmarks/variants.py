@@ -38,13 +38,6 @@ def bncnn_48() -> nn.Module:
 
 
 def bncnn_pool_first() -> nn.Module:
-    """BNCNN with each block's max-pool before its BatchNorm and ReLU (conv, pool, BatchNorm, ReLU, as
-    fast CIFAR-10 trainers order them): BatchNorm and ReLU see a quarter of the elements, forward and
-    backward. Not the same function as BNCNN (BatchNorm's statistics are the pooled values'); the same
-    parameter shapes (the BatchNorms under other indices)."""
-    model = BNCNN()
-    layers = list(model.features)
-    for i in range(0, len(layers), 4):  # conv, bn, relu, pool -> conv, pool, bn, relu
-        layers[i + 1 : i + 4] = [layers[i + 3], layers[i + 1], layers[i + 2]]
-    model.features = nn.Sequential(*layers)
-    return model
+    """BNCNN with each block's max-pool before its BatchNorm and ReLU: the registry's `bncnn_pool`, under
+    the name the first measurements gave it (benchmarks/suites.py's `pool_first` rows)."""
+    return BNCNN(pool_first=True)
