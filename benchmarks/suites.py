@@ -203,9 +203,9 @@ H200_SPEED += [
         # Pooling before BatchNorm and ReLU: they see a quarter of the elements (the eager step's
         # channels-last BatchNorm is among its costliest kernels); a different model, so its steps count too.
         ("pool_first", "BNCNN with conv, pool, BatchNorm, ReLU blocks, lr 0.02",
-         ["--model", "benchmarks.variants:bncnn_pool_first"]),
+         ["--set", "model=bncnn_pool"]),
         ("pool_first_ema095_eval5", "the same, ema_decay 0.95, an evaluation every 5 steps, lr 0.02",
-         ["--model", "benchmarks.variants:bncnn_pool_first", "--set", "ema_decay=0.95", "--set", "eval_every=5"]),
+         ["--set", "model=bncnn_pool", "--set", "ema_decay=0.95", "--set", "eval_every=5"]),
     )
 ]  # fmt: skip
 

@@ -8,8 +8,9 @@ loop, captured step and evaluation unchanged; only the model differs.
 
 - `bncnn_16`, `bncnn_24`, `bncnn_48`: the registry's BNCNN with its three widths scaled (16-32-64, 24-48-96,
   48-96-192 channels against 32-64-128): what a narrower or wider step buys or costs in steps to 99%.
-- `bncnn_pool_first`: each block pools before its BatchNorm and ReLU, which then see a quarter of the
-  elements: a cheaper step, if it does not cost steps.
+- `bncnn_pool_first`: the registry's `bncnn_pool` (each block pools before its BatchNorm and ReLU), kept
+  under the name the commands of its first measurements give (cpu-2026-12-07-fewer-steps,
+  h100-2026-12-07-pool/call1); benchmarks/suites.py's rows now name the registry's model.
 
 An average of the weights for evaluation is the run's own option, `--set ema_decay=0.95`
 (training/averaging.py), and takes any of these models.
@@ -39,5 +40,5 @@ def bncnn_48() -> nn.Module:
 
 def bncnn_pool_first() -> nn.Module:
     """BNCNN with each block's max-pool before its BatchNorm and ReLU: the registry's `bncnn_pool`, under
-    the name the first measurements gave it (benchmarks/suites.py's `pool_first` rows)."""
+    the name its first measurements' commands give it."""
     return BNCNN(pool_first=True)
